@@ -1,0 +1,25 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Each sets up .venv first.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: demo test bench lint clean
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	@touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/virtaccel demo
+
+test: $(STAMP)
+	$(VENV)/bin/lint-imports
+	$(PY) -m pytest
+
+bench: $(STAMP)
+	$(VENV)/bin/virtaccel bench --json bench.json
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,0 +1,69 @@
+"""What the device model needs from the platform it is plugged into.
+
+The VMM implements these; the device never sees a VM, a guest or a driver. Device DMA
+goes through `DmaPort` (which applies the IOMMU where there is one), time through
+`Clock`, interrupts through `IrqLine`, observations through `Tracer`.
+"""
+from __future__ import annotations
+
+from typing import Callable, Protocol
+
+import numpy as np
+
+
+class DmaFault(Exception):
+    """A device DMA to an address that is not backed or not mapped. Nothing was touched."""
+
+    def __init__(self, iova: int, length: int, write: bool, reason: str) -> None:
+        self.iova = iova
+        self.length = length
+        self.write = write
+        self.reason = reason
+        kind = "write" if write else "read"
+        super().__init__(f"DMA {kind} of {length} bytes at IOVA {iova:#x}: {reason}")
+
+
+class DmaPort(Protocol):
+    def read(self, iova: int, length: int) -> bytes:
+        """Copy `length` bytes out of host memory; raises DmaFault."""
+        ...
+
+    def write(self, iova: int, data: bytes | bytearray | memoryview | np.ndarray) -> None:
+        """Copy bytes into host memory; raises DmaFault (and then writes nothing)."""
+        ...
+
+    def view(self, iova: int, length: int) -> np.ndarray:
+        """A writable zero-copy uint8 view of host memory; raises DmaFault."""
+        ...
+
+
+class Timer(Protocol):
+    def cancel(self) -> None: ...
+
+
+class Clock(Protocol):
+    def now_ns(self) -> int: ...
+
+    def schedule(self, delay_ns: int, callback: Callable[[], None], label: str) -> Timer:
+        """Run `callback` after `delay_ns` of virtual time (>= 0)."""
+        ...
+
+    def next_event_ns(self) -> int | None:
+        """Virtual time of the earliest pending event, if any: work that ends no later
+        than this can be carried out at once without anyone being able to tell."""
+        ...
+
+
+class IrqLine(Protocol):
+    def set_level(self, level: bool) -> None:
+        """Level-triggered line: the interrupt controller delivers while it is high."""
+        ...
+
+
+class Tracer(Protocol):
+    def emit(self, kind: str, **fields: object) -> None: ...
+
+
+class NullTracer:
+    def emit(self, kind: str, **fields: object) -> None:
+        return None

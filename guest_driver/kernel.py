@@ -1,0 +1,80 @@
+"""The guest kernel services a driver is given by the machine it runs in.
+
+Declared here (typing.Protocol) and implemented by the VMM. A driver reaches its device
+only through these: guest physical memory, MMIO accessors, interrupt lines, and waits.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+import numpy as np
+
+
+class PhysMemory(Protocol):
+    """Guest physical memory. Out-of-range accesses raise ValueError naming the range."""
+
+    def read(self, gpa: int, length: int) -> bytes: ...
+
+    def write(self, gpa: int, data: bytes | bytearray | memoryview | np.ndarray) -> None: ...
+
+    def view(self, gpa: int, length: int) -> np.ndarray:
+        """Writable zero-copy uint8 view."""
+        ...
+
+
+class MmioAccessor(Protocol):
+    """Loads and stores to guest physical MMIO space (1, 2, 4 or 8 bytes, little-endian)."""
+
+    def read(self, addr: int, size: int) -> int: ...
+
+    def write(self, addr: int, size: int, value: int) -> None: ...
+
+
+class IrqChip(Protocol):
+    def request_irq(self, line: int, handler: Callable[[], None], name: str) -> None:
+        """Handlers run in interrupt context: they must not wait."""
+        ...
+
+    def free_irq(self, line: int) -> None: ...
+
+
+class GuestScheduler(Protocol):
+    def now_ns(self) -> int: ...
+
+    def wait_until(self, cond: Callable[[], bool], timeout_ns: int | None, what: str) -> bool:
+        """Block the calling guest task until cond() holds (True) or the virtual
+        timeout passes (False). The only place, with sleep, a guest task gives up the CPU."""
+        ...
+
+    def sleep(self, ns: int) -> None: ...
+
+
+class Tracer(Protocol):
+    def emit(self, kind: str, **fields: object) -> None: ...
+
+
+@dataclass(frozen=True)
+class PlatformDevice:
+    """A device the firmware describes (device tree / kernel command line), e.g. virtio-mmio."""
+    compatible: str  # "virtio,mmio"
+    base: int
+    size: int
+    irq: int
+
+
+@dataclass(frozen=True)
+class RamRange:
+    """Guest RAM the kernel may allocate from (DMA-coherent, identity-mapped)."""
+    base: int
+    size: int
+
+
+class GuestKernel(Protocol):
+    memory: PhysMemory
+    mmio: MmioAccessor
+    irq: IrqChip
+    sched: GuestScheduler
+    trace: Tracer
+    ram: RamRange
+    platform_devices: tuple[PlatformDevice, ...]

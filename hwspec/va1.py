@@ -1,0 +1,135 @@
+"""VA-1 device identity, feature bits, device config, queues and request layouts.
+
+See docs/spec.md for the prose rules behind each number.
+"""
+from __future__ import annotations
+
+from enum import IntEnum
+
+from .layout import Layout
+
+# Identity. Virtio device type 60 is not assigned by OASIS; VA-1 uses it.
+VIRTIO_DEVICE_ID = 60
+MMIO_VENDOR_ID = 0x312D4156  # "VA-1", little-endian ASCII
+PCI_VENDOR_ID = 0x1AF4       # virtio PCI vendor
+PCI_DEVICE_ID = 0x1040 + VIRTIO_DEVICE_ID
+
+# Device-specific feature bits (0-23).
+F_FP16 = 0
+F_INT8 = 1
+F_TIMESTAMP = 2
+F_CROSS_QUEUE_FENCE = 3
+F_PERF_COUNTERS = 4
+
+# Queue indices.
+CONTROLQ = 0
+EVENTQ = 1
+FIRST_SUBMITQ = 2
+
+# Default device parameters (a device instance may be configured otherwise).
+DEFAULT_QUEUE_SIZE_MAX = 256
+DEFAULT_NUM_SUBMIT_QUEUES = 2
+
+# Device configuration space (offset 0 = transport's device-config window).
+CONFIG = Layout("va1_config", (
+    ("num_submit_queues", "I"),
+    ("num_compute_units", "I"),
+    ("device_memory_size", "Q"),
+    ("scratchpad_size", "I"),
+    ("max_cmdbuf_size", "I"),
+    ("isa_version", "I"),
+    ("dtype_mask", "I"),
+    ("peak_flops", "Q"),          # f32 FLOP/s; f16 runs at twice this
+    ("mem_bandwidth", "Q"),       # device memory, bytes/s
+    ("link_bandwidth", "Q"),      # host DMA through the link, bytes/s
+    ("cmd_overhead_ns", "I"),
+    ("max_contexts", "I"),
+    ("max_call_depth", "I"),
+    ("reserved", "I"),
+))
+
+ISA_VERSION = 0x00010000  # 1.0
+
+
+class Status(IntEnum):
+    """Completion status written by the device (submit, control, event)."""
+    OK = 0
+    ABORTED = 1           # reset while in flight
+    BAD_OPCODE = 2
+    TRUNCATED = 3         # command extends past the end of the buffer
+    BAD_LENGTH = 4        # header length not a multiple of 8, < 8, or wrong for opcode
+    OUT_OF_BOUNDS = 5     # device address range outside the function's memory
+    BAD_DTYPE = 6
+    BAD_SHAPE = 7         # zero or overflowing dimension / size
+    DMA_FAULT = 8         # host IOVA not backed by guest memory (or not mapped)
+    CONTEXT_FAULTED = 9
+    BAD_CONTEXT = 10      # no such context
+    BAD_REQUEST = 11      # malformed request (chain shape, sizes, reserved fields)
+    CMDBUF_TOO_LARGE = 12
+    BAD_ARG = 13          # invalid enum value or flag
+    NO_RESOURCES = 14
+
+
+NO_OFFSET = 0xFFFFFFFF  # error_offset when the error is not tied to a command
+
+# --- controlq -------------------------------------------------------------------
+
+
+class CtrlType(IntEnum):
+    CONTEXT_CREATE = 1
+    CONTEXT_DESTROY = 2
+    GET_STATS = 3
+
+
+CTRL_REQ = Layout("va1_ctrl_req", (
+    ("type", "I"),
+    ("context_id", "I"),
+    ("flags", "I"),
+    ("reserved", "I"),
+))
+CTRL_RESP = Layout("va1_ctrl_resp", (
+    ("status", "I"),
+    ("context_id", "I"),
+))
+STATS_RESP = Layout("va1_stats_resp", (
+    ("status", "I"),
+    ("reserved", "I"),
+    ("submissions", "Q"),
+    ("commands", "Q"),
+    ("device_time_ns", "Q"),
+    ("dma_bytes", "Q"),
+    ("faults", "Q"),
+))
+
+# --- submit queues ---------------------------------------------------------------
+
+SUBMIT_REQ = Layout("va1_submit_req", (
+    ("context_id", "I"),
+    ("flags", "I"),
+    ("cmdbuf_addr", "Q"),   # IOVA of the command buffer in guest memory
+    ("cmdbuf_len", "I"),
+    ("reserved", "I"),
+    ("fence_seq", "Q"),
+))
+SUBMIT_RESP = Layout("va1_submit_resp", (
+    ("status", "I"),
+    ("error_offset", "I"),
+    ("fence_seq", "Q"),
+    ("start_ns", "Q"),
+    ("end_ns", "Q"),
+))
+
+# --- eventq -----------------------------------------------------------------------
+
+
+class EventType(IntEnum):
+    CONTEXT_FAULT = 1
+
+
+EVENT = Layout("va1_event", (
+    ("type", "I"),
+    ("context_id", "I"),
+    ("fence_seq", "Q"),
+    ("status", "I"),
+    ("error_offset", "I"),
+))
