@@ -67,3 +67,12 @@ class Tracer(Protocol):
 class NullTracer:
     def emit(self, kind: str, **fields: object) -> None:
         return None
+
+
+class DevicePorts:
+    """The platform side of one device function, bundled for construction."""
+
+    def __init__(self, dma: DmaPort, clock: Clock, tracer: Tracer | None = None) -> None:
+        self.dma = dma
+        self.clock = clock
+        self.tracer: Tracer = tracer if tracer is not None else NullTracer()
