@@ -1,0 +1,37 @@
+"""`virtaccel`: the command line."""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+from . import demo
+
+
+def _seed(text: str) -> int:
+    try:
+        value = int(text, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"seed {text!r} is not an integer") from None
+    if not 0 <= value < 1 << 64:
+        raise argparse.ArgumentTypeError(f"seed {value} is outside 0 .. 2**64-1")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="virtaccel", description="A virtualized AI-accelerator stack (VA-1).")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("demo", help="boot one VM with a VA-1 over virtio-mmio and run a two-layer MLP")
+    p.add_argument("--seed", type=_seed, default=0, help="machine and data seed (default 0)")
+    p.set_defaults(func=demo.cli)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    code: int = args.func(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

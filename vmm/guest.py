@@ -1,0 +1,75 @@
+"""The guest kernel services one VM hands its drivers (guest_driver.kernel protocols)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from guest_driver.kernel import PlatformDevice, RamRange
+
+from .bus import MmioBus
+from .irq import InterruptController
+from .machine import Machine
+from .memory import GuestMemory
+from .trace import SourceTracer
+
+
+class GuestMmio:
+    """Guest loads/stores to MMIO space: a trap into the device, charged an exit,
+    unless the region is mapped straight into the guest (passthrough)."""
+
+    def __init__(self, machine: Machine, bus: MmioBus, tracer: SourceTracer, exit_cost_ns: int) -> None:
+        self._machine = machine
+        self._bus = bus
+        self._trace = tracer
+        self.exit_cost_ns = exit_cost_ns
+        self.exits = 0
+        self.direct_accesses = 0
+
+    def _charge(self, addr: int, size: int) -> bool:
+        region = self._bus.find(addr, size)
+        if region is not None and region.direct:
+            self.direct_accesses += 1
+            return False
+        self.exits += 1
+        return True
+
+    def read(self, addr: int, size: int) -> int:
+        exit_ = self._charge(addr, size)
+        value = self._bus.read(addr, size)
+        self._trace.emit("mmio_read", addr=addr, size=size, value=value, exit=exit_)
+        if exit_:
+            self._machine.charge(self.exit_cost_ns)
+        return value
+
+    def write(self, addr: int, size: int, value: int) -> None:
+        exit_ = self._charge(addr, size)
+        self._trace.emit("mmio_write", addr=addr, size=size, value=value, exit=exit_)
+        self._bus.write(addr, size, value)
+        if exit_:
+            self._machine.charge(self.exit_cost_ns)
+
+
+class GuestSched:
+    def __init__(self, machine: Machine) -> None:
+        self._machine = machine
+
+    def now_ns(self) -> int:
+        return self._machine.now_ns()
+
+    def wait_until(self, cond: Callable[[], bool], timeout_ns: int | None, what: str) -> bool:
+        return self._machine.wait_until(cond, timeout_ns, what)
+
+    def sleep(self, ns: int) -> None:
+        self._machine.sleep(ns)
+
+
+@dataclass
+class GuestKernelServices:
+    """Implements guest_driver.kernel.GuestKernel."""
+    memory: GuestMemory
+    mmio: GuestMmio
+    irq: InterruptController
+    sched: GuestSched
+    trace: SourceTracer
+    ram: RamRange
+    platform_devices: tuple[PlatformDevice, ...] = field(default_factory=tuple)

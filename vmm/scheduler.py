@@ -1,0 +1,95 @@
+"""The machine's event queue and virtual clock.
+
+Everything that happens is an event ordered by (virtual time in ns, sequence number).
+There is no wall clock here: time moves only when the earliest event runs or when a
+guest is charged for what it does.
+"""
+from __future__ import annotations
+
+import heapq
+from typing import Callable
+
+
+class SchedulerError(RuntimeError):
+    pass
+
+
+class Timer:
+    """Handle of one scheduled event; cancel() makes it a no-op."""
+
+    __slots__ = ("when", "seq", "callback", "label", "cancelled")
+
+    def __init__(self, when: int, seq: int, callback: Callable[[], None], label: str) -> None:
+        self.when = when
+        self.seq = seq
+        self.callback = callback
+        self.label = label
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    def __lt__(self, other: "Timer") -> bool:
+        return (self.when, self.seq) < (other.when, other.seq)
+
+
+class Scheduler:
+    def __init__(self) -> None:
+        self._now = 0
+        self._seq = 0
+        self._heap: list[Timer] = []
+        self.events_run = 0
+
+    def now_ns(self) -> int:
+        return self._now
+
+    def schedule_at(self, when: int, callback: Callable[[], None], label: str) -> Timer:
+        if when < self._now:
+            raise SchedulerError(f"event {label!r} scheduled in the past ({when} < {self._now})")
+        self._seq += 1
+        timer = Timer(when, self._seq, callback, label)
+        heapq.heappush(self._heap, timer)
+        return timer
+
+    def schedule(self, delay_ns: int, callback: Callable[[], None], label: str) -> Timer:
+        if delay_ns < 0:
+            raise SchedulerError(f"event {label!r} scheduled with negative delay {delay_ns}")
+        return self.schedule_at(self._now + int(delay_ns), callback, label)
+
+    def _drop_cancelled(self) -> None:
+        heap = self._heap
+        while heap and heap[0].cancelled:
+            heapq.heappop(heap)
+
+    def next_event_ns(self) -> int | None:
+        self._drop_cancelled()
+        return self._heap[0].when if self._heap else None
+
+    def run_next(self) -> bool:
+        """Run the earliest event; False when there is none."""
+        self._drop_cancelled()
+        if not self._heap:
+            return False
+        timer = heapq.heappop(self._heap)
+        self._now = timer.when
+        self.events_run += 1
+        timer.callback()
+        return True
+
+    def run_until_time(self, when: int) -> None:
+        """Run every event due at or before `when`, then set the clock to `when`."""
+        while True:
+            nxt = self.next_event_ns()
+            if nxt is None or nxt > when:
+                break
+            self.run_next()
+        if when > self._now:
+            self._now = when
+
+    def advance_to(self, when: int) -> None:
+        """Move the clock forward with no event due before `when` (checked)."""
+        nxt = self.next_event_ns()
+        if nxt is not None and nxt < when:
+            raise SchedulerError(f"cannot skip to {when}: an event is due at {nxt}")
+        if when > self._now:
+            self._now = when
