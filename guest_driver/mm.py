@@ -1,0 +1,95 @@
+"""Range allocators: guest physical memory for rings/slots/host buffers, and device memory.
+
+One first-fit allocator over an address range, with alignment and explicit free. The
+driver owns the guest RAM range the kernel gives it (RamRange), so every ring, request
+slot and pinned host buffer comes from here and nothing overlaps.
+"""
+from __future__ import annotations
+
+import bisect
+
+PAGE_SIZE = 4096
+
+
+class AllocError(MemoryError):
+    """No free range large enough (ENOMEM)."""
+
+
+def align_up(value: int, align: int) -> int:
+    return (value + align - 1) & ~(align - 1)
+
+
+class RangeAllocator:
+    """First-fit allocator over [base, base+size); free ranges kept sorted and coalesced."""
+
+    def __init__(self, base: int, size: int, name: str = "range") -> None:
+        if base < 0 or size < 0:
+            raise ValueError(f"{name}: bad range base={base:#x} size={size:#x}")
+        self.base = base
+        self.size = size
+        self.name = name
+        self._free_starts: list[int] = [base] if size else []
+        self._free_ends: list[int] = [base + size] if size else []
+        self._allocated: dict[int, int] = {}  # start -> size
+
+    @property
+    def bytes_free(self) -> int:
+        return sum(e - s for s, e in zip(self._free_starts, self._free_ends))
+
+    @property
+    def bytes_allocated(self) -> int:
+        return sum(self._allocated.values())
+
+    def alloc(self, size: int, align: int = 1) -> int:
+        """Return the start of a free range of `size` bytes aligned to `align` (power of two)."""
+        if size <= 0:
+            raise ValueError(f"{self.name}: allocation size must be > 0, got {size}")
+        if align <= 0 or align & (align - 1):
+            raise ValueError(f"{self.name}: alignment must be a power of two, got {align}")
+        for i, (start, end) in enumerate(zip(self._free_starts, self._free_ends)):
+            addr = align_up(start, align)
+            if addr + size <= end:
+                self._take(i, addr, addr + size)
+                self._allocated[addr] = size
+                return addr
+        raise AllocError(f"{self.name}: out of memory: no free range of {size} bytes "
+                         f"aligned to {align} ({self.bytes_free} bytes free)")
+
+    def _take(self, i: int, lo: int, hi: int) -> None:
+        start, end = self._free_starts[i], self._free_ends[i]
+        pieces = [(s, e) for s, e in ((start, lo), (hi, end)) if e > s]
+        self._free_starts[i:i + 1] = [s for s, _ in pieces]
+        self._free_ends[i:i + 1] = [e for _, e in pieces]
+
+    def free(self, addr: int) -> None:
+        size = self._allocated.pop(addr, None)
+        if size is None:
+            raise ValueError(f"{self.name}: free of {addr:#x}, which is not allocated")
+        end = addr + size
+        i = bisect.bisect_left(self._free_starts, addr)
+        # merge with the previous and next free ranges when adjacent
+        if i > 0 and self._free_ends[i - 1] == addr:
+            i -= 1
+            addr = self._free_starts[i]
+            del self._free_starts[i]
+            del self._free_ends[i]
+        if i < len(self._free_starts) and self._free_starts[i] == end:
+            end = self._free_ends[i]
+            del self._free_starts[i]
+            del self._free_ends[i]
+        self._free_starts.insert(i, addr)
+        self._free_ends.insert(i, end)
+
+    def size_of(self, addr: int) -> int:
+        return self._allocated[addr]
+
+
+class PageAllocator(RangeAllocator):
+    """Guest physical memory allocator; everything it hands out is at least 16-byte
+    aligned (descriptor tables) and, by default, page aligned (IOMMU granularity)."""
+
+    def alloc_pages(self, size: int) -> int:
+        return self.alloc(align_up(size, PAGE_SIZE), PAGE_SIZE)
+
+    def alloc_dma(self, size: int, align: int = 16) -> int:
+        return self.alloc(align_up(size, 16), max(align, 16))

@@ -1,0 +1,577 @@
+"""The VA-1 driver for one function over virtio-mmio (datasheet §2-§8).
+
+Queues: controlq (0), eventq (1), submitq[i] (2+i). Requests live in per-queue slots in
+guest RAM; the ring token of a request is the driver object that waits for it. The IRQ
+handler reaps every used ring and completes fences; it never waits. A broken device
+(DEVICE_NEEDS_RESET, a bad used entry, a stuck control request) is reset and
+re-initialised from the handler or the task that noticed it: every in-flight fence is
+signalled ABORTED exactly once, every context of the old instance is lost, and new
+contexts work.
+"""
+from __future__ import annotations
+
+import errno
+import struct
+from dataclasses import dataclass, field
+from typing import Callable, Union
+
+from hwspec import va1 as A
+from hwspec import virtio as V
+from hwspec import virtio_mmio as R
+from hwspec.layout import Layout
+
+from ..kernel import GuestKernel, PlatformDevice
+from ..mm import AllocError, PageAllocator
+from ..virtio.mmio import ProbeError, TransportError, VirtioMmio
+from ..virtio.split_ring import RingError, SplitQueue
+from .devmem import DeviceMemory
+from .fence import Fence, FenceTimeline
+
+WANTED_FEATURES = ((1 << V.F_VERSION_1) | (1 << V.F_ACCESS_PLATFORM)
+                   | (1 << V.F_RING_INDIRECT_DESC) | (1 << V.F_RING_EVENT_IDX)
+                   | (1 << A.F_FP16) | (1 << A.F_INT8) | (1 << A.F_TIMESTAMP))
+REQUIRED_FEATURES = 1 << V.F_VERSION_1
+CTRL_QUEUE_SIZE = 64
+EVENT_QUEUE_SIZE = 64
+SUBMIT_QUEUE_SIZE = A.DEFAULT_QUEUE_SIZE_MAX
+CTRL_TIMEOUT_NS = 1_000_000_000  # a control request completes in cmd_overhead_ns
+MAX_SUBMIT_QUEUES = 64
+FAULT_STATUSES = frozenset(s for s in A.Status if s not in (
+    A.Status.OK, A.Status.ABORTED, A.Status.BAD_CONTEXT, A.Status.CONTEXT_FAULTED))
+
+
+class VA1Error(OSError):
+    """An errno-style driver error; the message names what was wrong."""
+
+    def __init__(self, err: int, msg: str) -> None:
+        super().__init__(err, msg)
+
+
+def _unpack(layout: Layout, data: bytes) -> dict[str, int]:
+    return dict(zip(layout.names, struct.unpack(layout.format, data[:layout.size])))
+
+
+def _pack(layout: Layout, **values: int) -> bytes:
+    return struct.pack(layout.format, *(values.get(n, 0) for n in layout.names))
+
+
+def _pow2_floor(n: int) -> int:
+    return 1 << (n.bit_length() - 1) if n > 0 else 0
+
+
+@dataclass
+class Context:
+    """A device context as the driver knows it."""
+    uid: int                 # uAPI id, unique for this device's lifetime
+    device_id: int           # id the device assigned (reused after destroy/reset)
+    generation: int          # device instance it lives on
+    timeline: FenceTimeline
+    faulted: bool = False
+    fault_status: int = 0
+    lost: bool = False       # device reset since creation
+    destroyed: bool = False
+
+
+@dataclass
+class _CtrlRequest:
+    slot: int
+    done: bool = False
+    aborted: bool = False
+    status: int = 0
+    resp: bytes = b""
+
+
+@dataclass
+class _Submission:
+    slot: int
+    ctx: Context
+    fence: Fence
+
+
+@dataclass
+class _EventBuf:
+    slot: int
+
+
+_Token = Union[_CtrlRequest, _Submission, _EventBuf]
+
+
+@dataclass
+class _Queue:
+    index: int
+    ring: SplitQueue[_Token]
+    slot_base: int
+    slot_size: int
+    free_slots: list[int] = field(default_factory=list)
+
+    def reset_slots(self) -> None:
+        self.free_slots = list(range(self.ring.num - 1, -1, -1))
+
+    def slot_addr(self, slot: int) -> int:
+        return self.slot_base + slot * self.slot_size
+
+
+class VA1Device:
+    """One bound VA-1 function."""
+
+    def __init__(self, kernel: GuestKernel, pdev: PlatformDevice, alloc: PageAllocator,
+                 name: str) -> None:
+        self.kernel = kernel
+        self.pdev = pdev
+        self.alloc = alloc
+        self.name = name
+        self.transport = VirtioMmio(kernel.mmio, pdev.base)
+        self.features = 0
+        self.config: dict[str, int] = {}
+        self.generation = 0
+        self.dead: str | None = None
+        self.ready = False
+        self.devmem: DeviceMemory | None = None
+        self.interrupts = 0
+        self.resets = 0
+        self._queues: list[_Queue] = []
+        self._contexts: dict[int, Context] = {}  # device_id -> live context (this generation)
+        self._next_uid = 1
+        self._in_irq = False
+        self._recovering = False
+        self._irq_registered = False
+
+    # ================================================================== bring-up
+    def probe(self) -> None:
+        """Bind: identify, initialise, register the IRQ. Raises ProbeError on failure."""
+        t = self.transport
+        dev_id = t.probe()
+        if dev_id != A.VIRTIO_DEVICE_ID:
+            raise ProbeError(f"{self.name}: virtio device id {dev_id} is not VA-1 "
+                             f"({A.VIRTIO_DEVICE_ID})")
+        try:
+            self._init_device()
+        except (TransportError, AllocError, ValueError) as e:
+            self._give_up()
+            raise ProbeError(f"{self.name}: {e}") from e
+        self.devmem = DeviceMemory(self.config["device_memory_size"])
+        try:
+            self.kernel.irq.request_irq(self.pdev.irq, self._irq, self.name)
+        except Exception as e:  # the VM's irqchip refused the line: no device without it
+            self._give_up()
+            raise ProbeError(f"{self.name}: cannot get interrupt line {self.pdev.irq}: {e}") from e
+        self._irq_registered = True
+
+    def _give_up(self) -> None:
+        """Stop the device's DMA (reset) before giving its rings back, then mark FAILED."""
+        try:
+            if self._queues:
+                self.transport.reset()
+            self.transport.fail()
+        except Exception:  # noqa: BLE001 - best effort on a device we are abandoning
+            pass
+        for q in self._queues:
+            q.ring.release()
+            self.alloc.free(q.slot_base)
+        self._queues = []
+        self.ready = False
+
+    def _init_device(self, reset: bool = True) -> None:
+        """Reset (unless just done) and bring the device to DRIVER_OK (virtio 1.x §3.1.1)."""
+        self.ready = False
+        t = self.transport
+        if reset:
+            t.reset()
+        t.add_status(V.STATUS_ACKNOWLEDGE)
+        t.add_status(V.STATUS_DRIVER)
+        self.features = t.negotiate(WANTED_FEATURES, REQUIRED_FEATURES)
+        cfg = t.read_config(A.CONFIG)
+        nsq = cfg["num_submit_queues"]
+        if not 1 <= nsq <= MAX_SUBMIT_QUEUES:
+            raise TransportError(f"config num_submit_queues={nsq} out of 1..{MAX_SUBMIT_QUEUES}")
+        if cfg["max_cmdbuf_size"] < 8:
+            raise TransportError(f"config max_cmdbuf_size={cfg['max_cmdbuf_size']} < 8")
+        if self.config and cfg["num_submit_queues"] != self.config["num_submit_queues"]:
+            raise TransportError("num_submit_queues changed across a reset")
+        self.config = cfg
+        indirect = bool(self.features >> V.F_RING_INDIRECT_DESC & 1)
+        event_idx = bool(self.features >> V.F_RING_EVENT_IDX & 1)
+        plan = [(A.CONTROLQ, CTRL_QUEUE_SIZE, A.CTRL_REQ.size + A.STATS_RESP.size),
+                (A.EVENTQ, EVENT_QUEUE_SIZE, A.EVENT.size)]
+        plan += [(A.FIRST_SUBMITQ + i, SUBMIT_QUEUE_SIZE, A.SUBMIT_REQ.size + A.SUBMIT_RESP.size)
+                 for i in range(nsq)]
+        if len(self._queues) != len(plan):
+            for q in self._queues:
+                q.ring.release()
+                self.alloc.free(q.slot_base)
+            self._queues = []
+        for i, (index, cap, slot_size) in enumerate(plan):
+            num_max = t.queue_num_max(index)
+            if num_max == 0:
+                raise TransportError(f"queue {index} does not exist (QueueNumMax 0)")
+            num = min(_pow2_floor(num_max), cap)
+            if i < len(self._queues):
+                q = self._queues[i]
+                if (q.ring.num == num and q.ring.indirect == indirect
+                        and q.ring.event_idx == event_idx):
+                    q.ring.reset()
+                else:
+                    q.ring.release()
+                    self.alloc.free(q.slot_base)
+                    self._queues[i] = self._new_queue(index, num, slot_size, indirect, event_idx)
+            else:
+                self._queues.append(self._new_queue(index, num, slot_size, indirect, event_idx))
+            q = self._queues[i]
+            q.reset_slots()
+            t.setup_queue(index, num, q.ring.desc_addr, q.ring.driver_addr, q.ring.device_addr)
+        evq = self._queues[A.EVENTQ]
+        for _ in range(evq.ring.num):
+            self._post_event_buffer(evq)
+        for q in self._queues:
+            q.ring.enable_interrupts()
+        t.add_status(V.STATUS_DRIVER_OK)
+        self.ready = True
+        self._kick(evq)
+
+    def _new_queue(self, index: int, num: int, slot_size: int, indirect: bool,
+                   event_idx: bool) -> _Queue:
+        ring: SplitQueue[_Token] = SplitQueue(self.kernel.memory, self.alloc, index, num,
+                                              indirect=indirect, event_idx=event_idx,
+                                              max_indirect=2)
+        try:
+            slots = self.alloc.alloc_dma(num * slot_size)
+        except AllocError:
+            ring.release()
+            raise
+        return _Queue(index, ring, slots, slot_size)
+
+    # ================================================================== helpers
+    @property
+    def num_submit_queues(self) -> int:
+        return len(self._queues) - A.FIRST_SUBMITQ
+
+    def _trace(self, kind: str, **fields: object) -> None:
+        self.kernel.trace.emit(kind, dev=self.name, **fields)
+
+    def _kick(self, q: _Queue) -> None:
+        if q.ring.kick_prepare():
+            self._trace("kick", queue=q.index)
+            self.transport.notify(q.index)
+
+    def _wait(self, cond: Callable[[], bool], timeout_ns: int | None, what: str,
+              **fields: object) -> bool:
+        if cond():
+            return True
+        self._trace("wait", what=what, timeout_ns=-1 if timeout_ns is None else timeout_ns,
+                    **fields)
+        return self.kernel.sched.wait_until(cond, timeout_ns, f"{self.name} {what}")
+
+    def check_alive(self) -> None:
+        if self.dead:
+            raise VA1Error(errno.ENODEV, f"{self.name}: device is dead: {self.dead}")
+
+    def _wait_for_space(self, q: _Queue, gen: int, what: str) -> None:
+        need = q.ring.descs_needed(2)
+
+        def cond() -> bool:
+            return (self.generation != gen or self.dead is not None
+                    or (q.ring.num_free >= need and bool(q.free_slots)))
+        self._wait(cond, None, what, queue=q.index)
+
+    # ================================================================== IRQ path
+    def _irq(self) -> None:
+        """Interrupt handler: read InterruptStatus, ACK it, then handle and reap.
+
+        Two MMIO accesses per interrupt. ACK comes before reaping, so a used entry that
+        lands after the reap sets the (level-triggered) line again.
+        """
+        if self._in_irq:
+            return  # re-entered from our own MMIO; the level-triggered line stays up
+        self._in_irq = True
+        try:
+            isr = self.transport.interrupt_status()
+            if isr == 0:
+                return
+            self.transport.interrupt_ack(isr)  # even when dead: do not leave the line high
+            self.interrupts += 1
+            if not self.ready or self.dead:
+                return
+            if isr & R.INT_CONFIG:
+                self._config_changed()
+                if not self.ready:
+                    return
+            self._reap_all()
+        finally:
+            self._in_irq = False
+
+    def _config_changed(self) -> None:
+        status = self.transport.read_status()
+        if status & V.STATUS_DEVICE_NEEDS_RESET:
+            self.recover(f"device set DEVICE_NEEDS_RESET (status {status:#x})")
+            return
+        try:
+            self.config = self.transport.read_config(A.CONFIG)
+        except TransportError as e:
+            self.recover(str(e))
+            return
+        self._trace("config_change", generation=self.transport.config_generation())
+
+    def _reap_all(self) -> None:
+        gen = self.generation
+        for q in self._queues:
+            if self.generation != gen or not self.ready:
+                return
+            self._reap(q)
+
+    def _reap(self, q: _Queue) -> None:
+        gen = self.generation
+        while True:
+            done = q.ring.get_used()
+            if done:
+                self._trace("reap", queue=q.index, count=len(done))
+            for token, ulen in done:
+                self._complete(q, token, ulen)
+                if self.generation != gen:
+                    return
+            if q.ring.broken:
+                self._trace("ring_error", queue=q.index, error=q.ring.broken)
+                self.recover(f"queue {q.index}: {q.ring.broken}")
+                return
+            if not q.ring.enable_interrupts():
+                break
+        if q.index == A.EVENTQ:
+            self._kick(q)
+
+    def _complete(self, q: _Queue, token: _Token, ulen: int) -> None:
+        mem = self.kernel.memory
+        base = q.slot_addr(token.slot)
+        if isinstance(token, _CtrlRequest):
+            resp = mem.read(base + A.CTRL_REQ.size, ulen) if ulen else b""
+            q.free_slots.append(token.slot)
+            token.status = (struct.unpack_from("<I", resp)[0] if ulen >= 4
+                            else int(A.Status.BAD_REQUEST))
+            token.resp = resp
+            token.done = True
+        elif isinstance(token, _EventBuf):
+            if ulen >= A.EVENT.size:
+                self._handle_event(_unpack(A.EVENT, mem.read(base, A.EVENT.size)))
+            else:
+                self._trace("event_short", len=ulen)
+            q.free_slots.append(token.slot)
+            self._post_event_buffer(q)
+        else:
+            self._complete_submission(q, token, ulen)
+
+    def _complete_submission(self, q: _Queue, sub: _Submission, ulen: int) -> None:
+        mem = self.kernel.memory
+        q.free_slots.append(sub.slot)
+        base = q.slot_addr(sub.slot) + A.SUBMIT_REQ.size
+        tl = sub.ctx.timeline
+        if ulen >= A.SUBMIT_RESP.size:
+            r = _unpack(A.SUBMIT_RESP, mem.read(base, A.SUBMIT_RESP.size))
+            if r["fence_seq"] != sub.fence.seq:
+                tl.signal(sub.fence, A.Status.ABORTED)
+                self.recover(f"queue {q.index}: response fence_seq {r['fence_seq']} for a "
+                             f"request with fence_seq {sub.fence.seq}")
+                return
+            status = r["status"]
+            if status in FAULT_STATUSES and not sub.ctx.faulted:
+                sub.ctx.faulted = True
+                sub.ctx.fault_status = status
+            tl.signal(sub.fence, status, r["error_offset"], r["start_ns"], r["end_ns"])
+        else:
+            status = (struct.unpack("<I", mem.read(base, 4))[0] if ulen >= 4
+                      else int(A.Status.BAD_REQUEST))
+            tl.signal(sub.fence, status)
+
+    def _handle_event(self, ev: dict[str, int]) -> None:
+        if ev["type"] != A.EventType.CONTEXT_FAULT:
+            self._trace("event_unknown", type=ev["type"])
+            return
+        ctx = self._contexts.get(ev["context_id"])
+        self._trace("context_fault", device_context=ev["context_id"],
+                    context=ctx.uid if ctx else 0, fence=ev["fence_seq"], status=ev["status"])
+        if ctx is not None and not ctx.faulted:
+            ctx.faulted = True
+            ctx.fault_status = ev["status"]
+
+    def _post_event_buffer(self, q: _Queue) -> None:
+        if q.ring.broken or not q.free_slots or q.ring.num_free < 1:
+            return
+        slot = q.free_slots.pop()
+        q.ring.add((), ((q.slot_addr(slot), A.EVENT.size),), _EventBuf(slot))
+
+    # ================================================================== reset / recovery
+    def recover(self, reason: str) -> None:
+        """Reset the function, complete everything in flight, re-initialise."""
+        if self._recovering:
+            return
+        self._recovering = True
+        try:
+            self.resets += 1
+            self.generation += 1
+            self.ready = False
+            self._trace("reset", reason=reason, generation=self.generation)
+            try:
+                self.transport.reset()  # after this the device issues no DMA (§8)
+            except TransportError as e:
+                self.dead = str(e)
+            aborted: list[_Submission] = []
+            for q in self._queues:
+                for token in q.ring.drain():
+                    if isinstance(token, _CtrlRequest):
+                        token.aborted = True
+                        token.status = int(A.Status.ABORTED)
+                        token.done = True
+                    elif isinstance(token, _Submission):
+                        aborted.append(token)
+            for ctx in self._contexts.values():
+                ctx.lost = True
+            self._contexts = {}
+            for sub in aborted:
+                sub.ctx.timeline.signal(sub.fence, A.Status.ABORTED)
+            if self.dead:
+                return
+            try:
+                self._init_device(reset=False)
+            except (TransportError, AllocError, RingError, ValueError) as e:
+                self.dead = f"re-initialisation after reset failed: {e}"
+                self._trace("dead", reason=self.dead)
+                try:
+                    self.transport.fail()
+                except Exception:  # noqa: BLE001
+                    pass
+        finally:
+            self._recovering = False
+
+    def reset(self, reason: str = "requested") -> None:
+        self.check_alive()
+        self.recover(reason)
+
+    # ================================================================== controlq
+    def _control(self, req: bytes, resp_size: int, what: str) -> _CtrlRequest:
+        self.check_alive()
+        q = self._queues[A.CONTROLQ]
+        gen = self.generation
+        if not (q.ring.num_free >= q.ring.descs_needed(2) and q.free_slots):
+            self._wait_for_space(q, gen, "ctrl_space")
+        if self.generation != gen:
+            raise VA1Error(errno.EIO, f"{self.name}: device reset during {what}")
+        self.check_alive()
+        slot = q.free_slots.pop()
+        base = q.slot_addr(slot)
+        self.kernel.memory.write(base, req)
+        token = _CtrlRequest(slot)
+        q.ring.add(((base, len(req)),), ((base + A.CTRL_REQ.size, resp_size),), token)
+        self._kick(q)
+        ok = self._wait(lambda: token.done, CTRL_TIMEOUT_NS, "ctrl", request=what)
+        if not ok:
+            self.recover(f"control request {what} not answered in {CTRL_TIMEOUT_NS} ns")
+            raise VA1Error(errno.ETIMEDOUT, f"{self.name}: {what}: device did not answer; "
+                                            "device was reset")
+        if token.aborted:
+            raise VA1Error(errno.EIO, f"{self.name}: device reset during {what}")
+        return token
+
+    def create_context(self) -> Context:
+        tok = self._control(_pack(A.CTRL_REQ, type=A.CtrlType.CONTEXT_CREATE),
+                            A.CTRL_RESP.size, "CONTEXT_CREATE")
+        if len(tok.resp) < A.CTRL_RESP.size and tok.status == A.Status.OK:
+            raise VA1Error(errno.EIO, f"{self.name}: CONTEXT_CREATE response short "
+                                      f"({len(tok.resp)} bytes)")
+        if tok.status == A.Status.NO_RESOURCES:
+            raise VA1Error(errno.ENOSPC, f"{self.name}: device has no free context "
+                                         f"(max_contexts {self.config['max_contexts']})")
+        if tok.status != A.Status.OK:
+            raise VA1Error(errno.EIO, f"{self.name}: CONTEXT_CREATE failed with status "
+                                      f"{_status_name(tok.status)}")
+        dev_id = _unpack(A.CTRL_RESP, tok.resp)["context_id"]
+        if dev_id in self._contexts:
+            raise VA1Error(errno.EIO, f"{self.name}: device returned context id {dev_id}, "
+                                      "which is already live")
+        uid = self._next_uid
+        self._next_uid += 1
+        ctx = Context(uid, dev_id, self.generation, FenceTimeline(uid, self.kernel.trace))
+        self._contexts[dev_id] = ctx
+        return ctx
+
+    def destroy_context(self, ctx: Context) -> None:
+        """Destroy; a context lost in a reset is simply forgotten (nothing to destroy)."""
+        if ctx.destroyed:
+            return
+        if ctx.lost or ctx.generation != self.generation or self.dead:
+            ctx.destroyed = True
+            return
+        try:
+            tok = self._control(_pack(A.CTRL_REQ, type=A.CtrlType.CONTEXT_DESTROY,
+                                      context_id=ctx.device_id),
+                                A.CTRL_RESP.size, "CONTEXT_DESTROY")
+        except VA1Error:
+            if ctx.lost:  # the reset destroyed it anyway
+                ctx.destroyed = True
+                return
+            raise
+        if tok.status not in (A.Status.OK, A.Status.BAD_CONTEXT):
+            raise VA1Error(errno.EIO, f"{self.name}: CONTEXT_DESTROY of device context "
+                                      f"{ctx.device_id} failed: {_status_name(tok.status)}")
+        ctx.destroyed = True
+        self._contexts.pop(ctx.device_id, None)
+
+    def get_stats(self) -> dict[str, int]:
+        tok = self._control(_pack(A.CTRL_REQ, type=A.CtrlType.GET_STATS),
+                            A.STATS_RESP.size, "GET_STATS")
+        if tok.status != A.Status.OK or len(tok.resp) < A.STATS_RESP.size:
+            raise VA1Error(errno.EIO, f"{self.name}: GET_STATS failed: status "
+                                      f"{_status_name(tok.status)}, {len(tok.resp)} bytes")
+        stats = _unpack(A.STATS_RESP, tok.resp)
+        stats["interrupts"] = self.interrupts
+        return stats
+
+    # ================================================================== submission
+    def submit(self, ctx: Context, queue: int, iova: int, length: int,
+               on_done: Callable[[Fence], None] | None = None) -> Fence:
+        """Queue one command buffer; block while the ring is full. Returns its fence."""
+        self.check_alive()
+        self.check_ctx(ctx)
+        if not 0 <= queue < self.num_submit_queues:
+            raise VA1Error(errno.EINVAL, f"submit queue {queue} out of range "
+                                         f"0..{self.num_submit_queues - 1}")
+        q = self._queues[A.FIRST_SUBMITQ + queue]
+        gen = self.generation
+        if not (q.ring.num_free >= q.ring.descs_needed(2) and q.free_slots):
+            self._wait_for_space(q, gen, "submit_space")
+            self.check_alive()
+            self.check_ctx(ctx)
+        fence = ctx.timeline.next(queue)
+        if on_done is not None:
+            fence.add_callback(on_done)
+        slot = q.free_slots.pop()
+        base = q.slot_addr(slot)
+        self.kernel.memory.write(base, _pack(A.SUBMIT_REQ, context_id=ctx.device_id,
+                                             cmdbuf_addr=iova, cmdbuf_len=length,
+                                             fence_seq=fence.seq))
+        q.ring.add(((base, A.SUBMIT_REQ.size),),
+                   ((base + A.SUBMIT_REQ.size, A.SUBMIT_RESP.size),),
+                   _Submission(slot, ctx, fence))
+        self._kick(q)
+        return fence
+
+    def check_ctx(self, ctx: Context) -> None:
+        if ctx.destroyed:
+            raise VA1Error(errno.ENOENT, f"context {ctx.uid} was destroyed")
+        if ctx.lost or ctx.generation != self.generation:
+            raise VA1Error(errno.ECANCELED, f"context {ctx.uid} was lost in a device reset; "
+                                            "destroy it and create a new one")
+        if ctx.faulted:
+            raise VA1Error(errno.ECANCELED, f"context {ctx.uid} faulted (status "
+                                            f"{_status_name(ctx.fault_status)}); destroy it")
+
+    def wait_fence(self, fence: Fence, timeout_ns: int | None) -> bool:
+        """Block until the fence is signalled or the virtual timeout passes."""
+        if fence.signalled:
+            return True
+        # timeout 0 still goes through wait_until: pending interrupts are delivered there
+        return self._wait(lambda: fence.signalled, timeout_ns, "fence",
+                          context=fence.context, fence=fence.seq)
+
+
+def _status_name(status: int) -> str:
+    try:
+        return A.Status(status).name
+    except ValueError:
+        return str(status)

@@ -1,0 +1,91 @@
+"""Fences: one per submission, numbered 1, 2, ... per context, signalled exactly once.
+
+A fence is signalled by the submit queue's completion (device response), or by the
+driver with ABORTED when the device is reset with the submission in flight. Whatever
+comes second is ignored and counted, so "exactly once" is checkable.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from hwspec.va1 import NO_OFFSET, Status
+
+from ..kernel import Tracer
+
+
+@dataclass
+class Fence:
+    context: int        # uAPI context id
+    seq: int
+    queue: int
+    signalled: bool = False
+    status: int = 0
+    error_offset: int = NO_OFFSET
+    start_ns: int = 0
+    end_ns: int = 0
+    callbacks: list[Callable[["Fence"], None]] = field(default_factory=list)
+
+    def add_callback(self, cb: Callable[["Fence"], None]) -> None:
+        """Run cb at signal time (interrupt context: must not wait), or now if signalled."""
+        if self.signalled:
+            cb(self)
+        else:
+            self.callbacks.append(cb)
+
+
+class FenceTimeline:
+    """Per-context sequence numbers and the record of every fence issued on it."""
+
+    def __init__(self, context: int, tracer: Tracer) -> None:
+        self.context = context
+        self.tracer = tracer
+        self.last_seq = 0
+        self.fences: dict[int, Fence] = {}
+        self.double_signals = 0
+
+    def next(self, queue: int) -> Fence:
+        self.last_seq += 1
+        fence = Fence(self.context, self.last_seq, queue)
+        self.fences[fence.seq] = fence
+        return fence
+
+    def unissue(self, fence: Fence) -> None:
+        """Take back the newest fence when its submission could not be queued at all."""
+        assert fence.seq == self.last_seq and not fence.signalled
+        del self.fences[fence.seq]
+        self.last_seq -= 1
+
+    def get(self, seq: int) -> Fence | None:
+        return self.fences.get(seq)
+
+    def signal(self, fence: Fence, status: int, error_offset: int = NO_OFFSET,
+               start_ns: int = 0, end_ns: int = 0) -> bool:
+        """Signal once; a second signal is ignored (returns False)."""
+        if fence.signalled:
+            self.double_signals += 1
+            return False
+        fence.signalled = True
+        fence.status = int(status)
+        fence.error_offset = error_offset
+        fence.start_ns = start_ns
+        fence.end_ns = end_ns
+        self.tracer.emit("fence_signal", context=self.context, fence=fence.seq,
+                         status=int(status))
+        cbs, fence.callbacks = fence.callbacks, []
+        for cb in cbs:
+            cb(fence)
+        return True
+
+    def abort_all(self) -> int:
+        """Signal every unsignalled fence ABORTED; return how many."""
+        n = 0
+        for fence in list(self.fences.values()):
+            if not fence.signalled:
+                self.signal(fence, Status.ABORTED)
+                n += 1
+        return n
+
+    @property
+    def pending(self) -> int:
+        return sum(1 for f in self.fences.values() if not f.signalled)

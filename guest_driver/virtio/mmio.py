@@ -1,0 +1,172 @@
+"""virtio-mmio version 2 transport, driver side (virtio 1.x §4.2.2, VA-1 datasheet §3).
+
+Every register at 0x000-0x0FF is accessed with 4-byte loads/stores only (a strict device
+logs anything else). Each access is a VM exit, so hot paths (notify, interrupt status/ack)
+do exactly one access each.
+"""
+from __future__ import annotations
+
+from hwspec import virtio as V
+from hwspec import virtio_mmio as R
+from hwspec.layout import Layout
+
+from ..kernel import MmioAccessor
+
+RESET_POLL_LIMIT = 1000          # reads of Status after writing 0 before giving up
+CONFIG_GENERATION_RETRIES = 100  # re-reads of a config block before giving up
+
+
+class TransportError(RuntimeError):
+    """The device is not usable through this transport (named reason in the message)."""
+
+
+class ProbeError(TransportError):
+    """Not a (supported) virtio-mmio device at this address."""
+
+
+class FeaturesRefused(TransportError):
+    """The device left FEATURES_OK clear after the driver wrote it."""
+
+
+_SIZE_OF_CODE = {"B": 1, "H": 2, "I": 4, "Q": 8}
+
+
+class VirtioMmio:
+    """One virtio-mmio register window."""
+
+    def __init__(self, mmio: MmioAccessor, base: int) -> None:
+        self.mmio = mmio
+        self.base = base
+        self.device_id = 0
+        self.vendor_id = 0
+        self._status = 0  # what the driver last wrote (avoids a read per status update)
+
+    # ---- raw register access -------------------------------------------------------
+    def _rd(self, off: int) -> int:
+        return self.mmio.read(self.base + off, 4)
+
+    def _wr(self, off: int, value: int) -> None:
+        self.mmio.write(self.base + off, 4, value & 0xFFFFFFFF)
+
+    # ---- identification --------------------------------------------------------------
+    def probe(self) -> int:
+        """Check magic and version; return the device id (0 = placeholder, no device)."""
+        magic = self._rd(R.MAGIC_VALUE)
+        if magic != R.MAGIC:
+            raise ProbeError(f"virtio-mmio@{self.base:#x}: bad magic {magic:#010x} "
+                             f"(expected {R.MAGIC:#010x})")
+        version = self._rd(R.VERSION)
+        if version != R.VERSION_MODERN:
+            raise ProbeError(f"virtio-mmio@{self.base:#x}: version {version} not supported "
+                             f"(only {R.VERSION_MODERN}, virtio 1.x)")
+        self.device_id = self._rd(R.DEVICE_ID)
+        self.vendor_id = self._rd(R.VENDOR_ID)
+        return self.device_id
+
+    # ---- status ------------------------------------------------------------------------
+    def read_status(self) -> int:
+        return self._rd(R.STATUS)
+
+    def reset(self) -> None:
+        """Write 0 and read back until the device reports 0 (virtio 1.x §4.2.3.1)."""
+        self._wr(R.STATUS, 0)
+        self._status = 0
+        for _ in range(RESET_POLL_LIMIT):
+            if self._rd(R.STATUS) == 0:
+                return
+        raise TransportError(f"virtio-mmio@{self.base:#x}: Status did not read back 0 "
+                             f"after reset ({RESET_POLL_LIMIT} reads)")
+
+    def add_status(self, bits: int) -> None:
+        """Set status bits, keeping those already set (clearing one is a violation)."""
+        self._status |= bits
+        self._wr(R.STATUS, self._status)
+
+    def fail(self) -> None:
+        """Tell the device the driver gave up (FAILED may be added at any time)."""
+        self.add_status(V.STATUS_FAILED)
+
+    # ---- features ------------------------------------------------------------------------
+    def device_features(self) -> int:
+        feats = 0
+        for sel in (0, 1):
+            self._wr(R.DEVICE_FEATURES_SEL, sel)
+            feats |= self._rd(R.DEVICE_FEATURES) << (32 * sel)
+        return feats
+
+    def negotiate(self, wanted: int, required: int = 1 << V.F_VERSION_1) -> int:
+        """Accept `wanted & offered`, write FEATURES_OK and check that it stuck.
+
+        Returns the accepted feature set. Raises FeaturesRefused naming the features when
+        a required one is not offered or the device leaves FEATURES_OK clear.
+        """
+        offered = self.device_features()
+        missing = required & ~offered
+        if missing:
+            raise FeaturesRefused(f"virtio-mmio@{self.base:#x}: device does not offer required "
+                                  f"features {_bits(missing)} (offered {offered:#x})")
+        accepted = offered & wanted
+        for sel in (0, 1):
+            self._wr(R.DRIVER_FEATURES_SEL, sel)
+            self._wr(R.DRIVER_FEATURES, (accepted >> (32 * sel)) & 0xFFFFFFFF)
+        self.add_status(V.STATUS_FEATURES_OK)
+        status = self.read_status()
+        if not status & V.STATUS_FEATURES_OK:
+            raise FeaturesRefused(f"virtio-mmio@{self.base:#x}: device refused features "
+                                  f"{accepted:#x} ({_bits(accepted)}): FEATURES_OK stayed clear "
+                                  f"(status {status:#x})")
+        return accepted
+
+    # ---- queues -------------------------------------------------------------------------
+    def queue_num_max(self, index: int) -> int:
+        self._wr(R.QUEUE_SEL, index)
+        return self._rd(R.QUEUE_NUM_MAX)
+
+    def setup_queue(self, index: int, num: int, desc: int, driver: int, device: int) -> None:
+        """Program and enable one queue; call before DRIVER_OK."""
+        self._wr(R.QUEUE_SEL, index)
+        if self._rd(R.QUEUE_READY):
+            raise TransportError(f"virtio-mmio@{self.base:#x}: queue {index} already ready")
+        num_max = self._rd(R.QUEUE_NUM_MAX)
+        if num_max == 0:
+            raise TransportError(f"virtio-mmio@{self.base:#x}: queue {index} does not exist")
+        if num > num_max or num <= 0 or num & (num - 1):
+            raise TransportError(f"virtio-mmio@{self.base:#x}: queue {index} size {num} "
+                                 f"invalid (max {num_max}, power of two)")
+        self._wr(R.QUEUE_NUM, num)
+        for low, addr in ((R.QUEUE_DESC_LOW, desc), (R.QUEUE_DRIVER_LOW, driver),
+                          (R.QUEUE_DEVICE_LOW, device)):
+            self._wr(low, addr & 0xFFFFFFFF)
+            self._wr(low + 4, addr >> 32)
+        self._wr(R.QUEUE_READY, 1)
+
+    def notify(self, index: int) -> None:
+        self._wr(R.QUEUE_NOTIFY, index)
+
+    # ---- interrupts -----------------------------------------------------------------------
+    def interrupt_status(self) -> int:
+        return self._rd(R.INTERRUPT_STATUS)
+
+    def interrupt_ack(self, bits: int) -> None:
+        self._wr(R.INTERRUPT_ACK, bits)
+
+    # ---- device configuration -------------------------------------------------------------
+    def config_generation(self) -> int:
+        return self._rd(R.CONFIG_GENERATION)
+
+    def read_config(self, layout: Layout) -> dict[str, int]:
+        """Read a whole config structure consistently (ConfigGeneration before == after)."""
+        for _ in range(CONFIG_GENERATION_RETRIES):
+            gen = self.config_generation()
+            values: dict[str, int] = {}
+            for name, code in layout.fields:
+                size = _SIZE_OF_CODE[code]
+                values[name] = self.mmio.read(self.base + R.CONFIG + layout.offsets[name], size)
+            if self.config_generation() == gen:
+                return values
+        raise TransportError(f"virtio-mmio@{self.base:#x}: device config kept changing "
+                             f"({CONFIG_GENERATION_RETRIES} ConfigGeneration retries)")
+
+
+def _bits(mask: int) -> str:
+    return "{" + ",".join(str(b) for b in range(64) if mask >> b & 1) + "}"

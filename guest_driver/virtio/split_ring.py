@@ -1,0 +1,243 @@
+"""Split virtqueue, driver side (virtio 1.x §2.7; VA-1 datasheet §4).
+
+The driver keeps its own record of every chain it made available (descriptor ids,
+writable capacity, the caller's token) and never re-reads descriptors from shared
+memory. What the device writes (used.idx, used.ring[].id/.len) is checked against that
+record: a bad entry sets `broken` to a named reason instead of crashing or hanging.
+"""
+from __future__ import annotations
+
+import struct
+from typing import Generic, Sequence, TypeVar
+
+from hwspec import virtio as V
+
+from ..kernel import PhysMemory
+from ..mm import RangeAllocator, align_up
+
+T = TypeVar("T")
+
+Segment = tuple[int, int]  # (IOVA, length)
+
+_DESC = struct.Struct(V.DESC.format)
+_USED_ELEM = struct.Struct(V.USED_ELEM.format)
+_U16 = struct.Struct("<H")
+
+
+class QueueFull(Exception):
+    """Not enough free descriptors for this request right now (wait and retry)."""
+
+
+class RingError(RuntimeError):
+    """The device broke the ring protocol; the queue is unusable until reset."""
+
+
+def vring_need_event(event_idx: int, new_idx: int, old_idx: int) -> bool:
+    """virtio 1.x §2.7.10: notify iff event_idx lies in [old_idx, new_idx) (mod 2^16)."""
+    return ((new_idx - event_idx - 1) & 0xFFFF) < ((new_idx - old_idx) & 0xFFFF)
+
+
+class RingLayout:
+    """Offsets of one split ring inside a single contiguous allocation."""
+
+    def __init__(self, num: int, max_indirect: int) -> None:
+        if num <= 0 or num & (num - 1) or num > V.QUEUE_SIZE_MAX:
+            raise ValueError(f"queue size {num} is not a power of two in 1..{V.QUEUE_SIZE_MAX}")
+        self.num = num
+        self.desc = 0
+        self.avail = align_up(V.desc_table_size(num), V.AVAIL_ALIGN)
+        self.used = align_up(self.avail + V.avail_ring_size(num), V.USED_ALIGN)
+        self.indirect = align_up(self.used + V.used_ring_size(num), V.DESC_ALIGN)
+        self.indirect_stride = V.DESC.size * max_indirect
+        self.total = self.indirect + num * self.indirect_stride
+        # fields inside the areas
+        self.avail_idx = self.avail + 2
+        self.avail_ring = self.avail + V.AVAIL_HEADER
+        self.used_event = self.avail + V.AVAIL_HEADER + V.AVAIL_ELEM * num
+        self.used_idx = self.used + 2
+        self.used_ring = self.used + V.USED_HEADER
+        self.avail_event = self.used + V.USED_HEADER + V.USED_ELEM.size * num
+
+
+class SplitQueue(Generic[T]):
+    """One split virtqueue: descriptor free list, avail publication, used reaping."""
+
+    def __init__(self, memory: PhysMemory, alloc: RangeAllocator, index: int, num: int, *,
+                 indirect: bool, event_idx: bool, max_indirect: int = 8) -> None:
+        self.memory = memory
+        self.index = index
+        self.num = num
+        self.indirect = indirect
+        self.event_idx = event_idx
+        self.max_indirect = max_indirect if indirect else 0
+        self.layout = RingLayout(num, self.max_indirect)
+        self._alloc = alloc
+        self.base = alloc.alloc(self.layout.total, 4096)
+        self.broken: str | None = None
+        self._free: list[int] = []
+        self._tokens: list[T | None] = []
+        self._chains: list[tuple[int, ...]] = []
+        self._wcap: list[int] = []
+        self.avail_idx = 0
+        self.last_used = 0
+        self._kicked_idx = 0
+        self.in_flight = 0
+        self.reset()
+
+    # ---- addresses handed to the transport ----------------------------------------------
+    @property
+    def desc_addr(self) -> int:
+        return self.base + self.layout.desc
+
+    @property
+    def driver_addr(self) -> int:
+        return self.base + self.layout.avail
+
+    @property
+    def device_addr(self) -> int:
+        return self.base + self.layout.used
+
+    def reset(self) -> None:
+        """Forget everything (after a device reset; tokens must have been drained)."""
+        self.memory.write(self.base, bytes(self.layout.total))
+        self._free = list(range(self.num - 1, -1, -1))  # pop() hands out 0, 1, 2, ...
+        self._tokens = [None] * self.num
+        self._chains = [()] * self.num
+        self._wcap = [0] * self.num
+        self.avail_idx = 0
+        self.last_used = 0
+        self._kicked_idx = 0
+        self.in_flight = 0
+        self.broken = None
+
+    def release(self) -> None:
+        self._alloc.free(self.base)
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def descs_needed(self, nsegs: int) -> int:
+        return 1 if self._use_indirect(nsegs) else nsegs
+
+    def _use_indirect(self, nsegs: int) -> bool:
+        return self.indirect and 1 < nsegs <= self.max_indirect
+
+    # ---- adding requests ---------------------------------------------------------------
+    def add(self, readable: Sequence[Segment], writable: Sequence[Segment], token: T) -> int:
+        """Make one request available (not yet notified); return its head id."""
+        if self.broken:
+            raise RingError(f"queue {self.index} is broken: {self.broken}")
+        segs = [(a, n, 0) for a, n in readable] + [(a, n, V.DESC_F_WRITE) for a, n in writable]
+        if not segs:
+            raise ValueError("a request needs at least one segment")
+        if len(segs) > self.num and not self._use_indirect(len(segs)):
+            raise ValueError(f"{len(segs)} segments cannot fit queue {self.index} of {self.num}")
+        need = self.descs_needed(len(segs))
+        if need > len(self._free):
+            raise QueueFull(f"queue {self.index}: {need} descriptors needed, "
+                            f"{len(self._free)} free")
+        mem = self.memory
+        if self._use_indirect(len(segs)):
+            head = self._free.pop()
+            chain: tuple[int, ...] = (head,)
+            table = self.base + self.layout.indirect + head * self.layout.indirect_stride
+            buf = bytearray(V.DESC.size * len(segs))
+            for i, (addr, length, flags) in enumerate(segs):
+                last = i == len(segs) - 1
+                _DESC.pack_into(buf, i * V.DESC.size, addr, length,
+                                flags | (0 if last else V.DESC_F_NEXT), 0 if last else i + 1)
+            mem.write(table, buf)
+            mem.write(self.desc_addr + head * V.DESC.size,
+                      _DESC.pack(table, len(buf), V.DESC_F_INDIRECT, 0))
+        else:
+            ids = [self._free.pop() for _ in segs]
+            chain = tuple(ids)
+            head = ids[0]
+            for i, (addr, length, flags) in enumerate(segs):
+                last = i == len(segs) - 1
+                nxt = 0 if last else ids[i + 1]
+                mem.write(self.desc_addr + ids[i] * V.DESC.size,
+                          _DESC.pack(addr, length, flags | (0 if last else V.DESC_F_NEXT), nxt))
+        self._tokens[head] = token
+        self._chains[head] = chain
+        self._wcap[head] = sum(n for _, n in writable)
+        self.in_flight += 1
+        slot = self.avail_idx % self.num
+        mem.write(self.base + self.layout.avail_ring + V.AVAIL_ELEM * slot, _U16.pack(head))
+        self.avail_idx = (self.avail_idx + 1) & 0xFFFF
+        mem.write(self.base + self.layout.avail_idx, _U16.pack(self.avail_idx))
+        return head
+
+    def kick_prepare(self) -> bool:
+        """Whether the device must be notified of what was added since the last call."""
+        new, old = self.avail_idx, self._kicked_idx
+        self._kicked_idx = new
+        if new == old:
+            return False
+        if self.event_idx:
+            (event,) = _U16.unpack(self.memory.read(self.base + self.layout.avail_event, 2))
+            return vring_need_event(event, new, old)
+        (flags,) = _U16.unpack(self.memory.read(self.layout.used + self.base, 2))
+        return not flags & V.USED_F_NO_NOTIFY
+
+    # ---- reaping ----------------------------------------------------------------------
+    def used_idx(self) -> int:
+        return int(_U16.unpack(self.memory.read(self.base + self.layout.used_idx, 2))[0])
+
+    def has_used(self) -> bool:
+        return not self.broken and self.used_idx() != self.last_used
+
+    def get_used(self) -> list[tuple[T, int]]:
+        """Reap every used entry the device published; check each one.
+
+        On a bad entry `broken` is set (naming what was wrong) and reaping stops; the
+        entries before it are returned normally.
+        """
+        out: list[tuple[T, int]] = []
+        if self.broken:
+            return out
+        used_idx = self.used_idx()
+        pending = (used_idx - self.last_used) & 0xFFFF
+        if pending > self.in_flight:
+            self.broken = (f"used.idx jumped to {used_idx} from {self.last_used}: {pending} "
+                           f"entries but only {self.in_flight} requests in flight")
+            return out
+        mem = self.memory
+        for _ in range(pending):
+            slot = self.last_used % self.num
+            uid, ulen = _USED_ELEM.unpack(
+                mem.read(self.base + self.layout.used_ring + V.USED_ELEM.size * slot,
+                         V.USED_ELEM.size))
+            if uid >= self.num:
+                self.broken = f"used id {uid} out of range (queue size {self.num})"
+                return out
+            token = self._tokens[uid]
+            if token is None:
+                self.broken = f"used id {uid} is not the head of a request in flight"
+                return out
+            if ulen > self._wcap[uid]:
+                self.broken = (f"used len {ulen} for id {uid} exceeds its writable capacity "
+                               f"{self._wcap[uid]}")
+                return out
+            self._tokens[uid] = None
+            self._free.extend(reversed(self._chains[uid]))
+            self._chains[uid] = ()
+            self.in_flight -= 1
+            self.last_used = (self.last_used + 1) & 0xFFFF
+            out.append((token, ulen))
+        return out
+
+    def enable_interrupts(self) -> bool:
+        """Ask for an interrupt at the next used entry; True if entries are already pending
+        (the caller must reap again: they may have landed before used_event was seen)."""
+        if self.event_idx:
+            self.memory.write(self.base + self.layout.used_event, _U16.pack(self.last_used))
+        return self.has_used()
+
+    def drain(self) -> list[T]:
+        """Take back every request in flight (device reset); tokens in head order."""
+        tokens = [t for t in self._tokens if t is not None]
+        self._tokens = [None] * self.num
+        self.in_flight = 0
+        return tokens
