@@ -1,0 +1,322 @@
+"""The VA-1 function: controlq, eventq, submit queues, contexts (spec §6, §8).
+
+Implements `VirtioDevice`; knows nothing of the transport. Whatever the driver or guest
+memory does, no exception leaves `notify` or a timer callback: broken rings become
+`needs_reset` on the transport, bad requests become status codes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from hwspec import va1
+from hwspec import virtio as V
+from hwspec.va1 import NO_OFFSET, CtrlType, EventType, Status
+
+from ..ports import DevicePorts, DmaFault
+from ..virtio.device import VirtioDevice, VirtioInterrupt
+from ..virtio.queue import DescriptorChain, Queue, RingError
+from .commands import Command, CommandError, DecodeEnv, decode
+from .config import Va1Config
+from .engine import CommandProcessor, Submission
+from .memory import DeviceMemory
+from .metrics import Metrics
+from .requests import (CtrlRequest, SubmitRequest, bad_request_reply, ctrl_response_size,
+                       pack_ctrl_resp, pack_event, pack_stats_resp, pack_submit_resp)
+
+OFFERED_FEATURES = (
+    1 << V.F_VERSION_1 | 1 << V.F_ACCESS_PLATFORM | 1 << V.F_RING_INDIRECT_DESC
+    | 1 << V.F_RING_EVENT_IDX | 1 << va1.F_FP16 | 1 << va1.F_TIMESTAMP)
+
+_NO_FAULT = frozenset({Status.OK, Status.ABORTED, Status.BAD_CONTEXT, Status.CONTEXT_FAULTED})
+_U64 = 1 << 64
+
+
+@dataclass
+class Context:
+    id: int
+    faulted: bool = False
+
+
+class Va1Device(VirtioDevice):
+    """One VA-1 function (the single-function mmio device, later a PF or VF)."""
+
+    def __init__(self, config: Va1Config, ports: DevicePorts) -> None:
+        self.config = config
+        self.ports = ports
+        self.dma = ports.dma
+        self.clock = ports.clock
+        self.tracer = ports.tracer
+        self.memory = DeviceMemory(config.device_memory_size)
+        self.metrics = Metrics()
+        self._config_bytes = config.pack()
+        self.num_queues = va1.FIRST_SUBMITQ + config.num_submit_queues
+        self.submitqs = list(range(va1.FIRST_SUBMITQ, self.num_queues))
+        self.processor = CommandProcessor(
+            self.submitqs, config.num_compute_units, self.dma, self.clock, self.tracer,
+            self.metrics, self._prepare, self._complete_submission)
+        self.acked_features = 0
+        self.queues: list[Queue] = []
+        self.interrupt: VirtioInterrupt | None = None
+        self.contexts: dict[int, Context] = {}
+        self.active = False
+        self.broken = False
+
+    # --- VirtioDevice ----------------------------------------------------------------
+
+    @property
+    def device_id(self) -> int:
+        return va1.VIRTIO_DEVICE_ID
+
+    @property
+    def vendor_id(self) -> int:
+        return va1.MMIO_VENDOR_ID
+
+    def avail_features(self) -> int:
+        return OFFERED_FEATURES
+
+    def ack_features(self, features: int) -> None:
+        self.acked_features = features & OFFERED_FEATURES
+
+    def queue_max_sizes(self) -> Sequence[int]:
+        return [self.config.queue_size_max] * self.num_queues
+
+    def read_config(self, offset: int, length: int) -> bytes:
+        if offset < 0 or length < 0:
+            return b""
+        return self._config_bytes[offset:offset + length].ljust(length, b"\0")
+
+    @property
+    def config_generation(self) -> int:
+        return 0  # the configuration never changes at run time
+
+    def activate(self, queues: Sequence[Queue], interrupt: VirtioInterrupt) -> None:
+        self.queues = list(queues)
+        self.interrupt = interrupt
+        self.active = True
+        self.broken = False
+        self.tracer.emit("activate", features=self.acked_features)
+
+    def notify(self, queue_index: int) -> None:
+        if not self.active or self.broken or not 0 <= queue_index < len(self.queues):
+            return
+        if not self.queues[queue_index].ready:
+            return
+        try:
+            if queue_index == va1.CONTROLQ:
+                self._drain_controlq()
+            elif queue_index == va1.EVENTQ:
+                self.queues[queue_index].pending(self.dma)  # checks avail.idx only
+            else:
+                self._drain_submitq(queue_index)
+        except RingError as e:
+            self._break(e)
+
+    def reset(self) -> None:
+        self.processor.reset()
+        self.metrics.reset()
+        self.contexts.clear()
+        self.queues = []
+        self.interrupt = None
+        self.active = False
+        self.broken = False
+        self.acked_features = 0
+
+    # --- helpers ---------------------------------------------------------------------
+
+    def _live(self) -> bool:
+        """False once reset or broken (an interrupt handler may reset us re-entrantly)."""
+        return self.active and not self.broken
+
+    def _has(self, feature: int) -> bool:
+        return bool(self.acked_features >> feature & 1)
+
+    def _break(self, e: RingError) -> None:
+        """A broken ring stops every queue of the function until reset."""
+        if not self.active:
+            return  # reset meanwhile: nothing left to stop
+        self.broken = True
+        self.processor.reset()
+        self.tracer.emit("ring_broken", rule=e.rule, message=e.message)
+        if self.interrupt is not None:
+            self.interrupt.needs_reset(e.rule, e.message)
+
+    def _return_chain(self, qi: int, chain: DescriptorChain, reply: bytes) -> None:
+        """Write the reply, push the used entry and interrupt if the driver wants it."""
+        q = self.queues[qi]
+        try:
+            n = chain.write(self.dma, reply)
+        except DmaFault as e:
+            raise RingError("ring/dma", f"reply buffer: {e}") from None
+        q.push_used(self.dma, chain.head, n)
+        if q.needs_interrupt(self.dma) and self.interrupt is not None:
+            self.interrupt.signal_used(qi)
+
+    # --- controlq --------------------------------------------------------------------
+
+    def _drain_controlq(self) -> None:
+        q = self.queues[va1.CONTROLQ]
+        while self._live() and (chain := q.pop(self.dma)) is not None:
+            try:
+                raw = chain.read(self.dma, va1.CTRL_REQ.size)
+            except DmaFault as e:
+                raise RingError("ring/dma", f"controlq request: {e}") from None
+            self.processor.schedule(self.config.cmd_overhead_ns,
+                                    self._ctrl_callback(chain, raw), "va1-ctrl")
+
+    def _ctrl_callback(self, chain: DescriptorChain, raw: bytes) -> Callable[[], None]:
+        def run() -> None:
+            try:
+                self._ctrl_complete(chain, raw)
+            except RingError as e:
+                self._break(e)
+        return run
+
+    def _ctrl_complete(self, chain: DescriptorChain, raw: bytes) -> None:
+        if not self._live():
+            return
+        reply = self._ctrl_execute(chain, raw)
+        self._return_chain(va1.CONTROLQ, chain, reply)
+
+    def _ctrl_execute(self, chain: DescriptorChain, raw: bytes) -> bytes:
+        wlen = chain.writable_len
+        if len(raw) < va1.CTRL_REQ.size:
+            return bad_request_reply(wlen)
+        req = CtrlRequest.unpack(raw)
+        if req.type not in CtrlType.__members__.values():
+            if wlen >= va1.CTRL_RESP.size:
+                return pack_ctrl_resp(Status.BAD_ARG, req.context_id)
+            return bad_request_reply(wlen)
+        if wlen < ctrl_response_size(req.type):
+            return bad_request_reply(wlen)
+        if req.flags or req.reserved:
+            status = Status.BAD_REQUEST
+            if req.type == CtrlType.GET_STATS:
+                return pack_stats_resp(status, 0, 0, 0, 0, 0)
+            return pack_ctrl_resp(status, req.context_id)
+        if req.type == CtrlType.CONTEXT_CREATE:
+            status, cid = self._context_create()
+            self.tracer.emit("ctrl", type="CONTEXT_CREATE", context=cid, status=status.name)
+            return pack_ctrl_resp(status, cid)
+        if req.type == CtrlType.CONTEXT_DESTROY:
+            status = self._context_destroy(req.context_id)
+            self.tracer.emit("ctrl", type="CONTEXT_DESTROY", context=req.context_id,
+                             status=status.name)
+            return pack_ctrl_resp(status, req.context_id)
+        m = self.metrics
+        self.tracer.emit("ctrl", type="GET_STATS", context=0, status="OK")
+        return pack_stats_resp(Status.OK, m.submissions, m.commands, m.device_time_ns,
+                               m.dma_bytes, m.faults)
+
+    def _context_create(self) -> tuple[Status, int]:
+        if len(self.contexts) >= self.config.max_contexts:
+            return Status.NO_RESOURCES, 0
+        cid = 1
+        while cid in self.contexts:
+            cid += 1
+        self.contexts[cid] = Context(cid)
+        return Status.OK, cid
+
+    def _context_destroy(self, cid: int) -> Status:
+        if cid not in self.contexts:
+            return Status.BAD_CONTEXT
+        del self.contexts[cid]
+        now = self.clock.now_ns()
+        for sub in self.processor.take_queued(cid):
+            sub.status, sub.error_offset = Status.ABORTED, NO_OFFSET
+            sub.start_ns = sub.end_ns = now
+            self.metrics.submissions += 1
+            self.tracer.emit("submit_end", queue=sub.queue, context=cid,
+                             fence=sub.req.fence_seq, status=sub.status.name,
+                             error_offset=sub.error_offset, engine=-1, start_ns=now,
+                             end_ns=now)
+            self._complete_submission(sub)
+            if not self._live():
+                break
+        return Status.OK
+
+    # --- submit queues ---------------------------------------------------------------
+
+    def _drain_submitq(self, qi: int) -> None:
+        q = self.queues[qi]
+        while self._live() and (chain := q.pop(self.dma)) is not None:
+            if (chain.readable_len < va1.SUBMIT_REQ.size
+                    or chain.writable_len < va1.SUBMIT_RESP.size):
+                self.tracer.emit("bad_request", queue=qi, head=chain.head)
+                self._return_chain(qi, chain, bad_request_reply(chain.writable_len))
+                continue
+            try:
+                raw = chain.read(self.dma, va1.SUBMIT_REQ.size)
+            except DmaFault as e:
+                raise RingError("ring/dma", f"submit request: {e}") from None
+            self.processor.enqueue(Submission(qi, chain, SubmitRequest.unpack(raw)))
+        if self._live():
+            self.processor.dispatch()
+
+    def _prepare(self, sub: Submission) -> tuple[Status, int, list[Command]]:
+        """Submission checks in spec order, then the whole command buffer."""
+        req = sub.req
+        ctx = self.contexts.get(req.context_id)
+        if ctx is None:
+            return Status.BAD_CONTEXT, NO_OFFSET, []
+        if ctx.faulted:
+            return Status.CONTEXT_FAULTED, NO_OFFSET, []
+        if req.flags or req.reserved:
+            return Status.BAD_REQUEST, NO_OFFSET, []
+        if req.cmdbuf_len == 0 or req.cmdbuf_len % 8:
+            return Status.BAD_REQUEST, NO_OFFSET, []
+        if req.cmdbuf_len > self.config.max_cmdbuf_size:
+            return Status.CMDBUF_TOO_LARGE, NO_OFFSET, []
+        if req.cmdbuf_addr + req.cmdbuf_len > _U64:
+            return Status.DMA_FAULT, NO_OFFSET, []
+        try:
+            buf = self.dma.read(req.cmdbuf_addr, req.cmdbuf_len)
+        except DmaFault:
+            return Status.DMA_FAULT, NO_OFFSET, []
+        env = DecodeEnv(self.config, self.memory, self.dma, self._has(va1.F_FP16),
+                        self._has(va1.F_TIMESTAMP))
+        try:
+            return Status.OK, NO_OFFSET, decode(buf, env)
+        except CommandError as e:
+            self.tracer.emit("cmd_invalid", queue=sub.queue, offset=e.offset,
+                             status=e.status.name, message=e.message)
+            return e.status, e.offset, []
+
+    def _complete_submission(self, sub: Submission) -> None:
+        """At end_ns: response, used entry, interrupt; a fault marks the context."""
+        if not self._live():
+            return
+        try:
+            reply = pack_submit_resp(sub.status, sub.error_offset, sub.req.fence_seq,
+                                     sub.start_ns, sub.end_ns)
+            self._return_chain(sub.queue, sub.chain, reply)
+            if sub.status not in _NO_FAULT:
+                ctx = self.contexts.get(sub.req.context_id)
+                if ctx is not None and not ctx.faulted:
+                    ctx.faulted = True
+                    self.metrics.faults += 1
+                    self.tracer.emit("context_fault", context=ctx.id, status=sub.status.name,
+                                     error_offset=sub.error_offset)
+                    self._post_event(pack_event(EventType.CONTEXT_FAULT, ctx.id,
+                                                sub.req.fence_seq, sub.status,
+                                                sub.error_offset))
+        except RingError as e:
+            self._break(e)
+
+    # --- eventq ----------------------------------------------------------------------
+
+    def _post_event(self, event: bytes) -> None:
+        if not self._live() or not self.queues[va1.EVENTQ].ready:
+            self.tracer.emit("event_dropped", reason="eventq not ready")
+            return
+        q = self.queues[va1.EVENTQ]
+        chain = q.pop(self.dma)
+        if chain is None:
+            self.tracer.emit("event_dropped", reason="no buffer")
+            return
+        if chain.readable or chain.writable_len < len(event):
+            self.tracer.emit("event_dropped", reason="bad buffer")
+            self._return_chain(va1.EVENTQ, chain, b"")
+            return
+        self._return_chain(va1.EVENTQ, chain, event)
+        self.tracer.emit("event", type="CONTEXT_FAULT")

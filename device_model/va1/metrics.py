@@ -1,0 +1,17 @@
+"""Per-function counters reported by GET_STATS (spec §6, va1_stats_resp)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class Metrics:
+    submissions: int = 0     # submit requests completed (any status)
+    commands: int = 0        # commands executed
+    device_time_ns: int = 0  # sum over submissions of end_ns - start_ns
+    dma_bytes: int = 0       # bytes moved across the host link (H2D, D2H, SIGNAL, TIMESTAMP)
+    faults: int = 0          # contexts marked faulted
+
+    def reset(self) -> None:
+        self.submissions = self.commands = self.device_time_ns = 0
+        self.dma_bytes = self.faults = 0

@@ -1,0 +1,75 @@
+"""The transport-agnostic virtio device interface (rust-vmm `VirtioDevice` shape).
+
+A transport (virtio-mmio today, virtio-pci later) owns registers, status and interrupts;
+the device owns its queues' meaning. They meet here: the transport asks for identity,
+features, queue sizes and config bytes, and at DRIVER_OK hands the device its queues and
+a `VirtioInterrupt` to signal through.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Protocol, Sequence
+
+from .queue import Queue
+
+
+class VirtioInterrupt(Protocol):
+    """What a device may ask of its transport once activated."""
+
+    def signal_used(self, queue_index: int) -> None:
+        """The device returned buffers on `queue_index` and wants the driver told."""
+        ...
+
+    def signal_config_change(self) -> None:
+        """The device configuration (or status, e.g. NEEDS_RESET) changed."""
+        ...
+
+    def needs_reset(self, rule: str, message: str) -> None:
+        """The driver broke a ring rule: set DEVICE_NEEDS_RESET and raise a
+        configuration-change interrupt. The device has already stopped its queues."""
+        ...
+
+
+class VirtioDevice(ABC):
+    """Device half of a virtio function, ignorant of the transport."""
+
+    @property
+    @abstractmethod
+    def device_id(self) -> int: ...
+
+    @property
+    @abstractmethod
+    def vendor_id(self) -> int:
+        """Transport-visible vendor (virtio-mmio VendorID)."""
+
+    @abstractmethod
+    def avail_features(self) -> int:
+        """Feature bits offered (64-bit)."""
+
+    @abstractmethod
+    def ack_features(self, features: int) -> None:
+        """Called at a successful FEATURES_OK with the accepted subset."""
+
+    @abstractmethod
+    def queue_max_sizes(self) -> Sequence[int]:
+        """Maximum size of each queue, by queue index."""
+
+    @abstractmethod
+    def read_config(self, offset: int, length: int) -> bytes:
+        """Bytes of device configuration; reads past the end give zeros."""
+
+    @property
+    @abstractmethod
+    def config_generation(self) -> int: ...
+
+    @abstractmethod
+    def activate(self, queues: Sequence[Queue], interrupt: VirtioInterrupt) -> None:
+        """DRIVER_OK: start serving `queues` (all of them, ready or not)."""
+
+    @abstractmethod
+    def notify(self, queue_index: int) -> None:
+        """The driver made buffers available on a ready queue. Never raises."""
+
+    @abstractmethod
+    def reset(self) -> None:
+        """Forget all driver state; after return no DMA is issued (spec §8)."""
