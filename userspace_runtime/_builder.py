@@ -1,0 +1,476 @@
+"""Encoding, decoding and disassembly of VA-1 command buffers (ISA 1.0).
+
+Every number comes from `hwspec.isa`: opcodes, header and payload layouts, flags and
+enums. Fields are packed by name from the hwspec `Layout`s, so a layout change there is
+picked up here without re-typing an offset.
+"""
+from __future__ import annotations
+
+import bisect
+import builtins
+import math
+import operator
+import struct
+from dataclasses import dataclass, field
+from typing import Any, Mapping, SupportsIndex
+
+from hwspec import isa
+from hwspec.isa import Activation, DType, EltOp, Opcode
+
+IntLike = SupportsIndex  # an int, or anything with __index__ (numpy integers)
+
+U16_MAX = 0xFFFF
+U32_MAX = 0xFFFF_FFFF
+U64_MAX = 0xFFFF_FFFF_FFFF_FFFF
+_F32_MAX = float(struct.unpack("<f", b"\xff\xff\x7f\x7f")[0])
+
+# GEMM and ELEMENTWISE compute dtypes (spec §7, BAD_DTYPE rule).
+COMPUTE_DTYPES = frozenset({DType.F32, DType.F16})
+
+# One precompiled struct per opcode: header and payload, both packed little-endian,
+# so the concatenation of their formats is exactly the wire layout.
+_STRUCTS: dict[Opcode, struct.Struct] = {
+    op: struct.Struct(isa.HEADER.format + layout.format[1:]) for op, layout in isa.PAYLOAD.items()
+}
+
+
+@dataclass(frozen=True)
+class CommandRecord:
+    """Where one appended command sits in the buffer, and what made it."""
+
+    index: int
+    offset: int
+    opcode: int
+    length: int
+    name: str
+
+    @property
+    def opcode_name(self) -> str:
+        return _opcode_name(self.opcode)
+
+
+@dataclass(frozen=True)
+class DecodedCommand:
+    """One command read back from bytes (header plus payload fields by layout name)."""
+
+    offset: int
+    opcode: int
+    flags: int
+    length: int
+    fields: Mapping[str, int | float] = field(default_factory=dict)
+
+    @property
+    def opcode_name(self) -> str:
+        return _opcode_name(self.opcode)
+
+
+def _opcode_name(opcode: int) -> str:
+    try:
+        return Opcode(opcode).name
+    except ValueError:
+        return f"OP_{opcode:#06x}"
+
+
+# --- argument checking --------------------------------------------------------------
+
+
+def _int(value: Any, what: str) -> int:
+    if type(value) is int:  # the common case, without a Protocol isinstance check
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, SupportsIndex)):
+        raise TypeError(f"{what} must be an integer, got {type(value).__name__} {value!r}")
+    return operator.index(value)
+
+
+def _uint(value: Any, what: str, maximum: int, *, minimum: int = 0) -> int:
+    v = _int(value, what)
+    if not minimum <= v <= maximum:
+        raise ValueError(f"{what} = {v} is out of range [{minimum}, {maximum:#x}]")
+    return v
+
+
+def _addr(value: Any, what: str) -> int:
+    return _uint(value, what, U64_MAX)
+
+
+def _range(addr: int, size: int, what: str) -> None:
+    if addr + size - 1 > U64_MAX:
+        raise ValueError(f"{what} range [{addr:#x}, +{size:#x}) overflows 64 bits")
+
+
+def check_f32(value: Any, what: str) -> float:
+    """`value` as a float that float32 represents finitely, else TypeError/ValueError."""
+    if isinstance(value, bool):
+        raise TypeError(f"{what} must be a float, got bool")
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{what} must be a float, got {type(value).__name__} {value!r}") from None
+    if not math.isfinite(v) or abs(v) > _F32_MAX:
+        raise ValueError(f"{what} = {v!r} is not a finite float32 value")
+    return v
+
+
+def _enum(enum: type[Any], value: Any, what: str) -> Any:
+    if type(value) is enum:
+        return value
+    if isinstance(value, str):
+        try:
+            return enum[value.upper()]
+        except KeyError:
+            pass
+    else:
+        try:
+            return enum(_int(value, what))
+        except (ValueError, TypeError):
+            pass
+    names = ", ".join(m.name.lower() for m in enum)
+    raise ValueError(f"{what} = {value!r} is not one of: {names}")
+
+
+def as_dtype(value: Any) -> DType:
+    """A hwspec DType from a DType, its integer code or its name ("f32", "F16")."""
+    if type(value) is DType:
+        return value
+    if isinstance(value, str):
+        try:
+            return DType[value.upper()]
+        except KeyError:
+            pass
+    elif isinstance(value, (int, SupportsIndex)) and not isinstance(value, bool):
+        try:
+            return DType(operator.index(value))
+        except ValueError:
+            pass
+    names = ", ".join(m.name.lower() for m in DType)
+    raise ValueError(f"dtype {value!r} is not a VA-1 dtype ({names})")
+
+
+def as_activation(value: Any) -> Activation:
+    """None means no activation; otherwise an Activation, its code or name ("relu")."""
+    if value is None:
+        return Activation.NONE
+    return _enum(Activation, value, "activation")  # type: ignore[no-any-return]
+
+
+def as_eltop(value: Any) -> EltOp:
+    return _enum(EltOp, value, "elementwise op")  # type: ignore[no-any-return]
+
+
+# --- the builder --------------------------------------------------------------------
+
+
+class CommandBufferBuilder:
+    """Appends VA-1 commands to a byte buffer and remembers where each one went.
+
+    Every append method checks its arguments (ValueError/TypeError naming the field),
+    encodes the command, and returns its byte offset; `command_at(offset)` maps a
+    device `error_offset` back to the append call (its `name`). `raw()` appends
+    unchecked bytes, for tests that must send the device something invalid.
+    """
+
+    def __init__(self, max_size: int | None = None) -> None:
+        self._data = bytearray()
+        self._records: list[CommandRecord] = []
+        self._offsets: list[int] = []
+        self.max_size = max_size
+
+    # -- inspection -----------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    @property
+    def size(self) -> int:
+        """Bytes encoded so far."""
+        return len(self._data)
+
+    @property
+    def commands(self) -> tuple[CommandRecord, ...]:
+        return tuple(self._records)
+
+    def __bytes__(self) -> builtins.bytes:
+        return builtins.bytes(self._data)
+
+    def bytes(self) -> builtins.bytes:
+        """The encoded command buffer (a copy)."""
+        return builtins.bytes(self._data)
+
+    def view(self) -> memoryview:
+        """Zero-copy read-only view of the encoded bytes (valid until the next append)."""
+        return memoryview(self._data).toreadonly()
+
+    def command_at(self, offset: int) -> CommandRecord | None:
+        """The command whose bytes contain `offset` (a device error_offset), or None."""
+        i = bisect.bisect_right(self._offsets, offset) - 1
+        if i < 0:
+            return None
+        rec = self._records[i]
+        return rec if offset < rec.offset + rec.length else None
+
+    def disassemble(self) -> str:
+        """Text listing of the buffer, one command per line, with each command's name."""
+        return disassemble(self._data, names={r.offset: r.name for r in self._records})
+
+    def extend(self, other: CommandBufferBuilder) -> int:
+        """Append another builder's bytes and command records; returns the offset."""
+        base = len(self._data)
+        self._reserve(len(other._data))
+        self._data += other._data
+        for r in other._records:
+            self._record(base + r.offset, r.opcode, r.length, r.name)
+        return base
+
+    def clear(self) -> None:
+        self._data.clear()
+        self._records.clear()
+        self._offsets.clear()
+
+    # -- encoding -------------------------------------------------------------------
+
+    def _reserve(self, length: int) -> None:
+        if self.max_size is not None and len(self._data) + length > self.max_size:
+            raise ValueError(
+                f"command buffer would grow to {len(self._data) + length} bytes, "
+                f"above its maximum of {self.max_size}")
+
+    def _emit(self, opcode: Opcode, flags: int, fields: Mapping[str, int | float],
+              name: str) -> int:
+        layout = isa.PAYLOAD[opcode]
+        length = isa.command_length(opcode)
+        self._reserve(length)
+        values = [fields.get(n, 0) for n in layout.names]
+        offset = len(self._data)
+        self._data += _STRUCTS[opcode].pack(opcode, flags, length, *values)
+        self._record(offset, opcode, length, name)
+        return offset
+
+    def _record(self, offset: int, opcode: int, length: int, name: str) -> None:
+        self._records.append(CommandRecord(len(self._records), offset, opcode, length, name))
+        self._offsets.append(offset)
+
+    def nop(self, length: IntLike = isa.HEADER.size, *, name: str | None = None) -> int:
+        """Padding: a NOP of `length` bytes (>= 8, a multiple of 8)."""
+        length = _uint(length, "NOP length", U32_MAX, minimum=isa.HEADER.size)
+        if length % isa.ALIGN:
+            raise ValueError(f"NOP length {length} is not a multiple of {isa.ALIGN}")
+        self._reserve(length)
+        offset = len(self._data)
+        self._data += struct.pack(isa.HEADER.format, Opcode.NOP, 0, length)
+        self._data += bytes(length - isa.HEADER.size)
+        self._record(offset, Opcode.NOP, length, name or f"NOP len={length}")
+        return offset
+
+    def fill(self, dst: IntLike, size: IntLike, pattern: IntLike, *,
+             name: str | None = None) -> int:
+        """FILL `size` bytes (a multiple of 4) at device address `dst` with a u32 pattern."""
+        dst = _addr(dst, "FILL dst")
+        size = _uint(size, "FILL size", U64_MAX, minimum=1)
+        if size % 4:
+            raise ValueError(f"FILL size {size} is not a multiple of 4")
+        _range(dst, size, "FILL dst")
+        pattern = _uint(pattern, "FILL pattern", U32_MAX)
+        return self._emit(Opcode.FILL, 0, {"dst": dst, "size": size, "pattern": pattern},
+                          name or f"FILL dst={dst:#x} size={size} pattern={pattern:#010x}")
+
+    def _dma(self, opcode: Opcode, src: IntLike, dst: IntLike, size: IntLike,
+             name: str | None) -> int:
+        what = opcode.name
+        src = _addr(src, f"{what} src")
+        dst = _addr(dst, f"{what} dst")
+        size = _uint(size, f"{what} size", U64_MAX, minimum=1)
+        _range(src, size, f"{what} src")
+        _range(dst, size, f"{what} dst")
+        return self._emit(opcode, 0, {"src": src, "dst": dst, "size": size},
+                          name or f"{what} src={src:#x} dst={dst:#x} size={size}")
+
+    def dma_h2d(self, src_iova: IntLike, dst: IntLike, size: IntLike, *,
+                name: str | None = None) -> int:
+        """Copy `size` bytes from host IOVA `src_iova` to device address `dst`."""
+        return self._dma(Opcode.DMA_H2D, src_iova, dst, size, name)
+
+    def dma_d2h(self, src: IntLike, dst_iova: IntLike, size: IntLike, *,
+                name: str | None = None) -> int:
+        """Copy `size` bytes from device address `src` to host IOVA `dst_iova`."""
+        return self._dma(Opcode.DMA_D2H, src, dst_iova, size, name)
+
+    def dma_d2d(self, src: IntLike, dst: IntLike, size: IntLike, *,
+                name: str | None = None) -> int:
+        """Copy `size` bytes within device memory (memmove semantics)."""
+        return self._dma(Opcode.DMA_D2D, src, dst, size, name)
+
+    def gemm(self, *, dtype: DType | int | str, m: IntLike, n: IntLike,
+             k: IntLike, a: IntLike, b: IntLike, c: IntLike,
+             bias: IntLike | None = None,
+             alpha: float = 1.0, beta: float = 0.0,
+             trans_a: bool = False, trans_b: bool = False,
+             activation: Activation | int | str | None = None,
+             name: str | None = None) -> int:
+        """C = act(alpha * op(A) @ op(B) + beta * C + bias), all at device addresses."""
+        dt = as_dtype(dtype)
+        if dt not in COMPUTE_DTYPES:
+            raise ValueError(f"GEMM dtype {dt.name} is not supported (only F32, F16)")
+        m = _uint(m, "GEMM m", U32_MAX, minimum=1)
+        n = _uint(n, "GEMM n", U32_MAX, minimum=1)
+        k = _uint(k, "GEMM k", U32_MAX, minimum=1)
+        act = as_activation(activation)
+        esize = isa.DTYPE_SIZE[dt]
+        flags = 0
+        if trans_a:
+            flags |= isa.GEMM_TRANS_A
+        if trans_b:
+            flags |= isa.GEMM_TRANS_B
+        fields: dict[str, int | float] = {
+            "dtype": dt, "activation": act, "m": m, "n": n, "k": k,
+            "a": _addr(a, "GEMM a"), "b": _addr(b, "GEMM b"), "c": _addr(c, "GEMM c"),
+            "alpha": check_f32(alpha, "GEMM alpha"), "beta": check_f32(beta, "GEMM beta"),
+        }
+        _range(int(fields["a"]), m * k * esize, "GEMM a")
+        _range(int(fields["b"]), k * n * esize, "GEMM b")
+        _range(int(fields["c"]), m * n * esize, "GEMM c")
+        if bias is not None:
+            flags |= isa.GEMM_BIAS
+            fields["bias"] = _addr(bias, "GEMM bias")
+            _range(int(fields["bias"]), n * esize, "GEMM bias")
+        if name is None:
+            extra = "".join([" trans_a" if trans_a else "", " trans_b" if trans_b else "",
+                             " +bias" if bias is not None else "",
+                             f" {act.name.lower()}" if act != Activation.NONE else ""])
+            name = f"GEMM {dt.name.lower()} m={m} n={n} k={k}{extra}"
+        return self._emit(Opcode.GEMM, flags, fields, name)
+
+    def elementwise(self, op: EltOp | int | str, *, dtype: DType | int | str,
+                    count: IntLike, a: IntLike, b: IntLike | None = None,
+                    out: IntLike, name: str | None = None) -> int:
+        """out = a op b over `count` elements (b is ignored, encoded 0, for unary ops)."""
+        eop = as_eltop(op)
+        dt = as_dtype(dtype)
+        if dt not in COMPUTE_DTYPES:
+            raise ValueError(f"ELEMENTWISE dtype {dt.name} is not supported (only F32, F16)")
+        count = _uint(count, "ELEMENTWISE count", U64_MAX, minimum=1)
+        nbytes = count * isa.DTYPE_SIZE[dt]
+        a = _addr(a, "ELEMENTWISE a")
+        out = _addr(out, "ELEMENTWISE out")
+        _range(a, nbytes, "ELEMENTWISE a")
+        _range(out, nbytes, "ELEMENTWISE out")
+        if eop in isa.UNARY_ELT_OPS:
+            b_addr = 0
+        else:
+            if b is None:
+                raise ValueError(f"ELEMENTWISE {eop.name} is binary: b is required")
+            b_addr = _addr(b, "ELEMENTWISE b")
+            _range(b_addr, nbytes, "ELEMENTWISE b")
+        return self._emit(Opcode.ELEMENTWISE, 0,
+                          {"op": eop, "dtype": dt, "count": count, "a": a, "b": b_addr,
+                           "out": out},
+                          name or f"ELEMENTWISE {eop.name.lower()} {dt.name.lower()} "
+                                  f"count={count}")
+
+    def signal(self, addr: IntLike, value: IntLike, *, name: str | None = None) -> int:
+        """Write the 8-byte `value` to host IOVA `addr`."""
+        addr = _addr(addr, "SIGNAL addr")
+        _range(addr, 8, "SIGNAL addr")
+        value = _uint(value, "SIGNAL value", U64_MAX)
+        return self._emit(Opcode.SIGNAL, 0, {"addr": addr, "value": value},
+                          name or f"SIGNAL addr={addr:#x} value={value}")
+
+    def timestamp(self, addr: IntLike, *, name: str | None = None) -> int:
+        """Write the command's start time (ns, 8 bytes) to host IOVA `addr`."""
+        addr = _addr(addr, "TIMESTAMP addr")
+        _range(addr, 8, "TIMESTAMP addr")
+        return self._emit(Opcode.TIMESTAMP, 0, {"addr": addr},
+                          name or f"TIMESTAMP addr={addr:#x}")
+
+    def raw(self, opcode: IntLike, payload: builtins.bytes = b"", *,
+            flags: IntLike = 0, length: IntLike | None = None, name: str | None = None) -> int:
+        """Append a header and payload as given, unchecked (for negative tests).
+
+        `length` defaults to 8 + len(payload); the bytes written are always exactly the
+        header plus `payload`, whatever `length` claims.
+        """
+        opcode = _uint(opcode, "opcode", U16_MAX)
+        flags = _uint(flags, "flags", U16_MAX)
+        claimed = isa.HEADER.size + len(payload) if length is None else \
+            _uint(length, "length", U32_MAX)
+        total = isa.HEADER.size + len(payload)
+        self._reserve(total)
+        offset = len(self._data)
+        self._data += struct.pack(isa.HEADER.format, opcode, flags, claimed)
+        self._data += payload
+        self._record(offset, opcode, total, name or f"raw {_opcode_name(opcode)}")
+        return offset
+
+
+# --- decoding -----------------------------------------------------------------------
+
+
+def decode(data: builtins.bytes | bytearray | memoryview) -> list[DecodedCommand]:
+    """Split a command buffer into commands and unpack each payload by its layout.
+
+    Raises ValueError naming the offset when a header is truncated, a length is invalid,
+    or a command runs past the end; unknown opcodes decode with empty fields.
+    """
+    buf = builtins.bytes(data)
+    out: list[DecodedCommand] = []
+    pos = 0
+    hsize = isa.HEADER.size
+    while pos < len(buf):
+        if len(buf) - pos < hsize:
+            raise ValueError(f"offset {pos}: truncated header ({len(buf) - pos} bytes left)")
+        opcode, flags, length = struct.unpack_from(isa.HEADER.format, buf, pos)
+        if length < hsize or length % isa.ALIGN:
+            raise ValueError(f"offset {pos}: bad command length {length}")
+        if pos + length > len(buf):
+            raise ValueError(f"offset {pos}: command of length {length} runs past the end "
+                             f"({len(buf)} bytes)")
+        fields: dict[str, int | float] = {}
+        if opcode in isa.PAYLOAD.keys() and opcode != Opcode.NOP:
+            layout = isa.PAYLOAD[Opcode(opcode)]
+            if length != hsize + layout.size:
+                raise ValueError(f"offset {pos}: {Opcode(opcode).name} length {length}, "
+                                 f"expected {hsize + layout.size}")
+            values = struct.unpack_from(layout.format, buf, pos + hsize)
+            fields = dict(zip(layout.names, values, strict=True))
+        out.append(DecodedCommand(pos, opcode, flags, length, fields))
+        pos += length
+    return out
+
+
+def _format_field(cmd: DecodedCommand, key: str, value: int | float) -> str:
+    if isinstance(value, float):
+        return f"{key}={value:g}"
+    if key == "dtype":
+        try:
+            return f"dtype={DType(value).name}"
+        except ValueError:
+            pass
+    elif key == "activation":
+        try:
+            return f"activation={Activation(value).name}"
+        except ValueError:
+            pass
+    elif key == "op" and cmd.opcode == Opcode.ELEMENTWISE:
+        try:
+            return f"op={EltOp(value).name}"
+        except ValueError:
+            pass
+    elif key in ("src", "dst", "a", "b", "c", "bias", "out", "addr", "pattern"):
+        return f"{key}={value:#x}"
+    return f"{key}={value}"
+
+
+def disassemble(data: builtins.bytes | bytearray | memoryview,
+                names: Mapping[int, str] | None = None) -> str:
+    """Human-readable listing: offset, opcode, flags, fields (and names by offset)."""
+    lines = []
+    for cmd in decode(data):
+        parts = [f"{cmd.offset:#06x}", f"{cmd.opcode_name:<11}", f"len={cmd.length}"]
+        if cmd.flags:
+            parts.append(f"flags={cmd.flags:#x}")
+        parts += [_format_field(cmd, k, v) for k, v in cmd.fields.items()
+                  if not k.startswith("reserved") or v]
+        line = " ".join(parts)
+        if names and cmd.offset in names:
+            line += f"  ; {names[cmd.offset]}"
+        lines.append(line)
+    return "\n".join(lines)

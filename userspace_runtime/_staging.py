@@ -1,0 +1,154 @@
+"""Host staging memory: HOST buffers mapped once and bump-allocated, reused per fence.
+
+A stream copies upload data, download results and its command buffers through here.
+Each block remembers the last submission (stream-local sequence number) that uses it;
+once that submission has completed the block is idle and is reused from its start.
+Blocks are mapped once (zero-copy numpy views) and freed only when the stream goes.
+"""
+from __future__ import annotations
+
+import errno
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from guest_driver import uapi
+
+from ._driver import DriverFile
+from ._errors import DriverError
+
+ALIGN = 64          # every region starts on a cache line (and any dtype's alignment)
+PAGE = 4096
+DEFAULT_BLOCK = 1 << 20
+
+
+def _round_up(n: int, to: int) -> int:
+    return (n + to - 1) // to * to
+
+
+@dataclass(eq=False)
+class StagingBlock:
+    handle: int
+    iova: int
+    size: int
+    view: np.ndarray       # uint8, length `size`
+    used: int = 0          # bump pointer
+    last_seq: int = -1     # last submission that uses this block
+
+    def region(self, offset: int, nbytes: int) -> np.ndarray:
+        return self.view[offset:offset + nbytes]
+
+
+@dataclass(frozen=True)
+class Region:
+    block: StagingBlock
+    offset: int
+    nbytes: int
+
+    @property
+    def iova(self) -> int:
+        return self.block.iova + self.offset
+
+    @property
+    def handle(self) -> int:
+        return self.block.handle
+
+    def array(self) -> np.ndarray:
+        """Zero-copy uint8 view of this region."""
+        return self.block.region(self.offset, self.nbytes)
+
+
+class StagingPool:
+    """Bump allocator over HOST buffers, one pool per stream.
+
+    `is_idle(seq)` says whether submission `seq` has completed; `poll()` asks the
+    driver (without blocking) so that finished blocks can be reused before a sync.
+    """
+
+    def __init__(self, drv: DriverFile, is_idle: Callable[[int], bool],
+                 poll: Callable[[], None], block_size: int = DEFAULT_BLOCK) -> None:
+        self._drv = drv
+        self._is_idle = is_idle
+        self._poll = poll
+        self.block_size = block_size
+        self.blocks: list[StagingBlock] = []
+        self._current: StagingBlock | None = None
+
+    def alloc(self, nbytes: int, seq: int) -> Region:
+        """A region of `nbytes` usable by submission `seq` (and not before it ends)."""
+        # 1. the tail of the block in use; 2. an idle block, from its start; 3. the tail
+        # of any busy block; 4. ask the driver what finished, then 2 again; 5. a new block.
+        cur = self._current
+        if cur is not None and self._fits(cur, nbytes):
+            return self._take(cur, _round_up(cur.used, ALIGN), nbytes, seq)
+        block = self._find_idle(nbytes)
+        if block is None:
+            tail = next((b for b in self.blocks if self._fits(b, nbytes)), None)
+            if tail is not None:
+                return self._take(tail, _round_up(tail.used, ALIGN), nbytes, seq)
+            if self.blocks:
+                self._poll()
+                block = self._find_idle(nbytes)
+        if block is None:
+            block = self._new_block(nbytes)
+        block.used = 0
+        self._current = block
+        return self._take(block, 0, nbytes, seq)
+
+    @staticmethod
+    def _fits(block: StagingBlock, nbytes: int) -> bool:
+        return _round_up(block.used, ALIGN) + nbytes <= block.size
+
+    def _take(self, block: StagingBlock, start: int, nbytes: int, seq: int) -> Region:
+        block.used = start + nbytes
+        block.last_seq = max(block.last_seq, seq)
+        return Region(block, start, nbytes)
+
+    def _find_idle(self, nbytes: int) -> StagingBlock | None:
+        best: StagingBlock | None = None
+        for b in self.blocks:
+            if b.size >= nbytes and (best is None or b.size < best.size) \
+                    and self._is_idle(b.last_seq):
+                best = b
+        return best
+
+    def _new_block(self, nbytes: int) -> StagingBlock:
+        size = max(self.block_size, _round_up(nbytes, PAGE))
+        try:
+            handle, iova = self._drv.bo_create(size, uapi.BO_HOST)
+        except DriverError as e:
+            if e.errno != errno.ENOMEM:
+                raise
+            self.trim()  # give back idle blocks, then try once more
+            handle, iova = self._drv.bo_create(size, uapi.BO_HOST)
+        try:
+            view = self._drv.mmap(handle, size)
+        except BaseException:
+            self._drv.bo_free(handle)
+            raise
+        block = StagingBlock(handle, iova, size, view)
+        self.blocks.append(block)
+        return block
+
+    def trim(self) -> None:
+        """Free every idle block (returns guest memory under pressure)."""
+        keep = []
+        for b in self.blocks:
+            if self._is_idle(b.last_seq):
+                self._drv.bo_free(b.handle)
+                if b is self._current:
+                    self._current = None
+            else:
+                keep.append(b)
+        self.blocks = keep
+
+    def release_all(self) -> None:
+        """Free every block; the caller guarantees nothing in flight still uses them."""
+        blocks, self.blocks, self._current = self.blocks, [], None
+        for b in blocks:
+            self._drv.bo_free(b.handle)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.size for b in self.blocks)

@@ -1,0 +1,582 @@
+"""Streams, events and pending downloads: ordered work on one submit queue.
+
+A stream accumulates commands in an open command buffer ("chunk"). `flush()` copies it
+into a HOST staging region and submits it (SUBMIT) with the handles of every buffer its
+commands use; the driver keeps those alive until the fence. A chunk is sealed and
+submitted early when it would exceed the device's max_cmdbuf_size or the uAPI's limit
+of buffers per submission, so any amount of work fits. Chunks complete in order (one
+submit queue runs its submissions one at a time), which lets one number, the last
+completed chunk, say which staging blocks are idle and which downloads are ready.
+"""
+from __future__ import annotations
+
+import os as _os
+import sys
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+import numpy as np
+
+from guest_driver import uapi
+from hwspec import isa, va1
+from hwspec.isa import Activation, EltOp, Opcode
+
+from ._builder import COMPUTE_DTYPES, CommandBufferBuilder, as_activation, as_eltop, check_f32
+from ._device import Buffer, Context
+from ._errors import DeviceError, DriverError, UseAfterFreeError
+from ._staging import Region, StagingPool
+
+_CMD_ALIGN = isa.ALIGN
+
+
+def _caller() -> str:
+    """file:line of the user code that called the public Stream method (for names)."""
+    try:
+        f = sys._getframe(2)
+    except ValueError:  # pragma: no cover - shallow stack
+        return "?"
+    return f"{_os.path.basename(f.f_code.co_filename)}:{f.f_lineno}"
+
+
+@dataclass(frozen=True)
+class SubmissionResult:
+    """How one submitted command buffer ended, as WAIT reported it."""
+
+    seq: int                 # stream-local submission number
+    fence_seq: int | None    # None if SUBMIT itself failed
+    queue: int
+    status: int
+    error_offset: int | None
+    start_ns: int
+    end_ns: int
+    commands: int
+    cmdbuf_size: int
+
+    @property
+    def ok(self) -> bool:
+        return self.status == va1.Status.OK
+
+    @property
+    def device_ns(self) -> int:
+        return max(0, self.end_ns - self.start_ns)
+
+
+@dataclass(eq=False)
+class _Chunk:
+    seq: int
+    builder: CommandBufferBuilder
+    handles: dict[int, None] = field(default_factory=dict)   # ordered set
+    downloads: list[Pending] = field(default_factory=list)
+    fence: int | None = None
+    submit_error: BaseException | None = None
+
+
+class Pending:
+    """The result of `Stream.download`: an array once its submission has completed.
+
+    `result()` waits (flushing the stream if needed) and returns the array, or raises
+    the error that failed the submission. Data is copied out of staging exactly once.
+    """
+
+    def __init__(self, stream: Stream, seq: int, region: Region, shape: tuple[int, ...],
+                 dtype: np.dtype[Any], out: np.ndarray | None) -> None:
+        self._stream = stream
+        self._seq = seq
+        self._region: Region | None = region
+        self._shape = shape
+        self._dtype = dtype
+        self._out = out
+        self._array: np.ndarray | None = None
+        self._error: BaseException | None = None
+
+    def _complete(self, error: BaseException | None) -> None:
+        region, self._region = self._region, None
+        if error is not None:
+            self._error = error
+            return
+        assert region is not None
+        src = region.array().view(self._dtype).reshape(self._shape)
+        if self._out is None:
+            self._array = src.copy()
+        else:
+            np.copyto(self._out, src)
+            self._array = self._out
+
+    def done(self) -> bool:
+        """True once the download's submission completed (successfully or not)."""
+        if self._region is not None and not self._stream.destroyed:
+            self._stream._poll_through(self._seq)
+        return self._region is None
+
+    def result(self, timeout_ns: int | None = None) -> np.ndarray:
+        """The downloaded array (waits for it); raises the submission's error."""
+        if self._region is not None:
+            if self._stream.destroyed:
+                raise UseAfterFreeError("download: its stream was destroyed before it ran")
+            self._stream._wait_through(self._seq, timeout_ns, raise_errors=False)
+        if self._error is not None:
+            raise self._error
+        assert self._array is not None
+        return self._array
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        arr = self.result()
+        return arr if dtype is None else arr.astype(dtype)
+
+    def __repr__(self) -> str:
+        state = "error" if self._error else "ready" if self._array is not None else "pending"
+        return f"<Pending download {self._shape} {self._dtype} {state}>"
+
+
+class Event:
+    """A point in a stream, stamped with device time by a TIMESTAMP command."""
+
+    def __init__(self, stream: Stream, seq: int, slot: np.ndarray) -> None:
+        self.stream = stream
+        self._seq = seq
+        self._slot = slot
+
+    def query(self) -> bool:
+        """True if the device has passed this event (submits pending work; never blocks)."""
+        self.stream._check("event query")
+        return self.stream._poll_through(self._seq)
+
+    def synchronize(self, timeout_ns: int | None = None) -> None:
+        """Wait until the device has passed this event; raise if its work failed."""
+        self.stream._check("event synchronize")
+        self.stream._wait_through(self._seq, timeout_ns, raise_errors=True)
+
+    @property
+    def timestamp_ns(self) -> int:
+        """Device time (ns) at which the event was reached (waits for it)."""
+        self.synchronize()
+        return int(self._slot.view("<u8")[0])
+
+    def elapsed_ns(self, end: Event) -> int:
+        """Device time from this event to `end` (like cudaEventElapsedTime(self, end))."""
+        if not isinstance(end, Event):
+            raise TypeError(f"elapsed_ns needs an Event, got {type(end).__name__}")
+        if end.stream.context is not self.stream.context:
+            raise ValueError("elapsed_ns: the events belong to different contexts")
+        return end.timestamp_ns - self.timestamp_ns
+
+
+class Stream:
+    """An in-order queue of commands on one submit queue of a context."""
+
+    def __init__(self, context: Context, queue: int) -> None:
+        self.context = context
+        self.queue = queue
+        self._drv = context._drv
+        params = context.device.params
+        limit = min(params["max_cmdbuf_size"], 0xFFFF_FFFF)
+        self._max_cmdbuf = limit - limit % _CMD_ALIGN
+        self._open = _Chunk(0, CommandBufferBuilder(self._max_cmdbuf))
+        self._inflight: deque[_Chunk] = deque()
+        self._completed_seq = -1
+        self._first_error: tuple[int, BaseException] | None = None
+        self.submissions: list[SubmissionResult] = []
+        self.destroyed = False
+        self._staging = StagingPool(self._drv, lambda seq: seq <= self._completed_seq,
+                                    self._poll)
+
+    # -- state ----------------------------------------------------------------------
+
+    def _check(self, what: str) -> None:
+        if self.destroyed:
+            raise UseAfterFreeError(f"{what}: the stream was destroyed")
+        self.context._check_alive(what)
+
+    @property
+    def error(self) -> BaseException | None:
+        """The first error of this stream (sticky: the context is faulted after it)."""
+        return None if self._first_error is None else self._first_error[1]
+
+    @property
+    def device_ns(self) -> int:
+        """Sum of device time over the completed submissions."""
+        return sum(s.device_ns for s in self.submissions)
+
+    @property
+    def pending_commands(self) -> int:
+        """Commands appended but not yet submitted."""
+        return len(self._open.builder.commands)
+
+    def disassemble(self) -> str:
+        """Listing of the commands not yet submitted (with the call that made each)."""
+        return self._open.builder.disassemble()
+
+    def _uses_unsubmitted(self, handle: int) -> bool:
+        return handle in self._open.handles
+
+    def _buffer(self, buf: Any, what: str) -> Buffer:
+        if not isinstance(buf, Buffer):
+            raise TypeError(f"{what} must be a Buffer, got {type(buf).__name__}")
+        buf.check_usable(self.context, what)
+        return buf
+
+    # -- appending ------------------------------------------------------------------
+
+    def _append(self, opcode: Opcode | None, handles: Iterable[int],
+                emit: Callable[[CommandBufferBuilder], int],
+                regions: Iterable[Region] = (), length: int = 0) -> _Chunk:
+        ch = self._open
+        hs = list(handles)
+        new = sum(1 for h in set(hs) if h not in ch.handles)
+        if opcode is not None:
+            length = isa.command_length(opcode)
+        if ch.builder.size and (ch.builder.size + length > self._max_cmdbuf
+                                or len(ch.handles) + new > uapi.MAX_SUBMIT_BUFFERS):
+            self._submit_open()
+            ch = self._open
+        emit(ch.builder)
+        for h in hs:
+            ch.handles[h] = None
+        for r in regions:
+            r.block.last_seq = max(r.block.last_seq, ch.seq)
+        return ch
+
+    def upload(self, buf: Buffer, data: Any) -> None:
+        """Copy `data` (same shape and dtype as `buf`) to the device.
+
+        The data is copied once, now, into a HOST staging region, so the caller may
+        reuse its array immediately; a DMA_H2D moves it when the stream runs.
+        """
+        self._check("upload")
+        buf = self._buffer(buf, "upload")
+        arr = np.asarray(data)
+        if arr.dtype != buf.dtype:
+            raise TypeError(f"upload: data has dtype {arr.dtype} but the buffer is "
+                            f"{buf.dtype}; convert it with .astype(np.{buf.dtype.name})")
+        if arr.shape != buf.shape:
+            raise ValueError(f"upload: data has shape {arr.shape} but the buffer is {buf.shape}")
+        region = self._staging.alloc(buf.nbytes, self._open.seq)
+        np.copyto(region.array().view(buf.dtype).reshape(buf.shape), arr, casting="no")
+        name = f"upload {buf.shape} {buf.dtype} -> {buf.addr:#x} ({_caller()})"
+        self._append(Opcode.DMA_H2D, (buf.handle, region.handle),
+                     lambda b: b.dma_h2d(region.iova, buf.addr, buf.nbytes, name=name),
+                     (region,))
+
+    def download(self, buf: Buffer, out: np.ndarray | None = None) -> Pending:
+        """DMA_D2H `buf` into staging; the Pending's result() is the array after the
+        stream has run (written into `out` if given)."""
+        self._check("download")
+        buf = self._buffer(buf, "download")
+        if out is not None:
+            if not isinstance(out, np.ndarray):
+                raise TypeError(f"download: out must be a numpy array, got {type(out).__name__}")
+            if out.dtype != buf.dtype or out.shape != buf.shape:
+                raise ValueError(f"download: out is {out.shape} {out.dtype} but the buffer is "
+                                 f"{buf.shape} {buf.dtype}")
+            if not out.flags.writeable:
+                raise ValueError("download: out is read-only")
+        region = self._staging.alloc(buf.nbytes, self._open.seq)
+        name = f"download {buf.shape} {buf.dtype} <- {buf.addr:#x} ({_caller()})"
+        ch = self._append(Opcode.DMA_D2H, (buf.handle, region.handle),
+                          lambda b: b.dma_d2h(buf.addr, region.iova, buf.nbytes, name=name),
+                          (region,))
+        pending = Pending(self, ch.seq, region, buf.shape, buf.dtype, out)
+        ch.downloads.append(pending)
+        return pending
+
+    def copy(self, dst: Buffer, src: Buffer) -> None:
+        """Device-to-device copy (DMA_D2D) between buffers of the same dtype and size."""
+        self._check("copy")
+        dst = self._buffer(dst, "copy dst")
+        src = self._buffer(src, "copy src")
+        if dst.dtype != src.dtype or dst.size != src.size:
+            raise ValueError(f"copy: src is {src.shape} {src.dtype}, dst is "
+                             f"{dst.shape} {dst.dtype}: dtype and element count must match")
+        name = f"copy {src.addr:#x} -> {dst.addr:#x} ({_caller()})"
+        self._append(Opcode.DMA_D2D, (dst.handle, src.handle),
+                     lambda b: b.dma_d2d(src.addr, dst.addr, src.nbytes, name=name))
+
+    def fill(self, buf: Buffer, value: int | float) -> None:
+        """Set every element of `buf` to `value` (FILL; a tail under 4 bytes by DMA)."""
+        self._check("fill")
+        buf = self._buffer(buf, "fill")
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.number)):
+            raise TypeError(f"fill: value must be a number, got {type(value).__name__}")
+        if buf.dtype.kind == "i" and float(value) != int(value):
+            raise ValueError(f"fill: {value!r} is not an integer, the buffer is {buf.dtype}")
+        try:
+            with np.errstate(over="raise"):
+                elem = np.array(value, dtype=buf.dtype)
+        except (OverflowError, FloatingPointError):
+            raise ValueError(f"fill: {value!r} does not fit in {buf.dtype}") from None
+        if buf.dtype.kind == "f" and np.isfinite(value) and not np.isfinite(elem):
+            raise ValueError(f"fill: {value!r} does not fit in {buf.dtype}")
+        raw = elem.tobytes() * (4 // buf.dtype.itemsize)
+        pattern = int.from_bytes(raw, "little")
+        body = buf.nbytes - buf.nbytes % 4
+        where = _caller()
+        if body:
+            self._append(Opcode.FILL, (buf.handle,),
+                         lambda b: b.fill(buf.addr, body, pattern,
+                                          name=f"fill {buf.shape} {buf.dtype} = {value!r} "
+                                               f"({where})"))
+        tail = buf.nbytes - body
+        if tail:
+            region = self._staging.alloc(tail, self._open.seq)
+            region.array()[:] = np.frombuffer(raw[:tail], np.uint8)
+            self._append(Opcode.DMA_H2D, (buf.handle, region.handle),
+                         lambda b: b.dma_h2d(region.iova, buf.addr + body, tail,
+                                             name=f"fill tail {tail} bytes ({where})"),
+                         (region,))
+
+    def gemm(self, a: Buffer, b: Buffer, c: Buffer, bias: Buffer | None = None,
+             alpha: float = 1.0, beta: float = 0.0, trans_a: bool = False,
+             trans_b: bool = False, activation: str | Activation | None = None) -> None:
+        """c = act(alpha * op(a) @ op(b) + beta * c + bias) on the device.
+
+        a is m x k (k x m with trans_a), b is k x n (n x k with trans_b), c is m x n and
+        bias has n elements; all share one compute dtype (float32 or float16).
+        """
+        self._check("gemm")
+        a = self._buffer(a, "gemm a")
+        b = self._buffer(b, "gemm b")
+        c = self._buffer(c, "gemm c")
+        ops = [("a", a), ("b", b), ("c", c)]
+        if bias is not None:
+            bias = self._buffer(bias, "gemm bias")
+            ops.append(("bias", bias))
+        for nm, x in ops[:3]:
+            if x.ndim != 2:
+                raise ValueError(f"gemm: {nm} must be 2-D, it is {x.shape}")
+        self._compute_dtype("gemm", ops)
+        m, k = (a.shape[1], a.shape[0]) if trans_a else a.shape
+        kb, n = (b.shape[1], b.shape[0]) if trans_b else b.shape
+        if kb != k:
+            raise ValueError(f"gemm: inner dimensions differ: op(a) is {m}x{k} but op(b) is "
+                             f"{kb}x{n}")
+        if c.shape != (m, n):
+            raise ValueError(f"gemm: c must be {m}x{n} for op(a) {m}x{k} @ op(b) {k}x{n}, "
+                             f"it is {c.shape}")
+        if bias is not None and bias.shape not in ((n,), (1, n)):
+            raise ValueError(f"gemm: bias must have shape ({n},) or (1, {n}), it is {bias.shape}")
+        act = as_activation(activation)
+        alpha, beta = check_f32(alpha, "gemm alpha"), check_f32(beta, "gemm beta")
+        dt = a.isa_dtype
+        extra = "".join([" +bias" if bias is not None else "",
+                         f" {act.name.lower()}" if act != Activation.NONE else ""])
+        name = f"gemm {m}x{k} @ {k}x{n} {a.dtype_name}{extra} ({_caller()})"
+        bias_addr = None if bias is None else bias.addr
+        self._append(Opcode.GEMM, [x.handle for _, x in ops],
+                     lambda bld: bld.gemm(dtype=dt, m=m, n=n, k=k, a=a.addr, b=b.addr,
+                                          c=c.addr, bias=bias_addr, alpha=alpha, beta=beta,
+                                          trans_a=trans_a, trans_b=trans_b, activation=act,
+                                          name=name))
+
+    def elementwise(self, op: str | EltOp, a: Buffer, b: Buffer | None, out: Buffer) -> None:
+        """out = a op b ("add", "mul") or out = op(a) ("relu": pass b=None)."""
+        self._check("elementwise")
+        eop = as_eltop(op)
+        a = self._buffer(a, "elementwise a")
+        out = self._buffer(out, "elementwise out")
+        ops = [("a", a), ("out", out)]
+        if eop in isa.UNARY_ELT_OPS:
+            if b is not None:
+                raise ValueError(f"elementwise {eop.name.lower()} is unary: pass b=None")
+        else:
+            if b is None:
+                raise ValueError(f"elementwise {eop.name.lower()} is binary: b is required")
+            b = self._buffer(b, "elementwise b")
+            ops.insert(1, ("b", b))
+        self._compute_dtype("elementwise", ops)
+        for nm, x in ops[1:]:
+            if x.shape != a.shape:
+                raise ValueError(f"elementwise: {nm} has shape {x.shape} but a has {a.shape}")
+        dt = a.isa_dtype
+        name = f"elementwise {eop.name.lower()} {a.shape} {a.dtype_name} ({_caller()})"
+        b_addr = None if b is None else b.addr
+        self._append(Opcode.ELEMENTWISE, [x.handle for _, x in ops],
+                     lambda bld: bld.elementwise(eop, dtype=dt, count=a.size, a=a.addr,
+                                                 b=b_addr, out=out.addr, name=name))
+
+    def _compute_dtype(self, what: str, ops: list[tuple[str, Buffer]]) -> None:
+        first = ops[0][1].dtype
+        for nm, x in ops[1:]:
+            if x.dtype != first:
+                raise TypeError(f"{what}: {nm} is {x.dtype} but {ops[0][0]} is {first}; "
+                                f"all operands must share one dtype")
+        if ops[0][1].isa_dtype not in COMPUTE_DTYPES:
+            raise TypeError(f"{what}: dtype {first} is not a compute dtype "
+                            f"(float32 or float16)")
+        if not self.context.device.supports_dtype(ops[0][1].isa_dtype):
+            raise TypeError(f"{what}: this device does not compute in {first} (dtype_mask "
+                            f"{self.context.device.params['dtype_mask']:#x})")
+
+    def enqueue(self, commands: CommandBufferBuilder, buffers: Iterable[Buffer] = ()) -> None:
+        """Append prebuilt commands as they are (compiled code, negative tests).
+
+        The runtime cannot see which buffers raw addresses refer to: list them in
+        `buffers` so the driver keeps them alive. The commands stay in one submission,
+        and `DeviceError.command` still names them by their records in `commands`.
+        """
+        self._check("enqueue")
+        if not isinstance(commands, CommandBufferBuilder):
+            raise TypeError(f"enqueue needs a CommandBufferBuilder, got "
+                            f"{type(commands).__name__}")
+        bufs = [self._buffer(b, "enqueue buffer") for b in buffers]
+        size = len(commands)
+        if size == 0:
+            return
+        if size % _CMD_ALIGN or size > self._max_cmdbuf:
+            raise ValueError(f"enqueue: {size} bytes of commands; a submission takes a "
+                             f"multiple of {_CMD_ALIGN} up to {self._max_cmdbuf}")
+        handles = {b.handle: None for b in bufs}
+        if len(handles) > uapi.MAX_SUBMIT_BUFFERS:
+            raise ValueError(f"enqueue: {len(handles)} buffers, a submission takes at most "
+                             f"{uapi.MAX_SUBMIT_BUFFERS}")
+        self._append(None, handles, lambda b: b.extend(commands), length=size)
+
+    def record_event(self) -> Event:
+        """An Event at this point of the stream (a TIMESTAMP into a HOST slot)."""
+        self._check("record_event")
+        if not self.context.device.has_feature(va1.F_TIMESTAMP):
+            raise RuntimeError("record_event: the device did not negotiate VA1_F_TIMESTAMP")
+        handle, iova, slot = self.context._timestamp_slot()
+        name = f"event ({_caller()})"
+        ch = self._append(Opcode.TIMESTAMP, (handle,), lambda b: b.timestamp(iova, name=name))
+        return Event(self, ch.seq, slot)
+
+    # -- submission and completion ------------------------------------------------------
+
+    def _submit_open(self) -> int | None:
+        ch = self._open
+        if not ch.builder.size:
+            return None
+        self._open = _Chunk(ch.seq + 1, CommandBufferBuilder(self._max_cmdbuf))
+        data = ch.builder.view()
+        try:
+            region = self._staging.alloc(len(data), ch.seq)
+            region.array()[:] = np.frombuffer(data, np.uint8)
+            ch.fence = self._drv.submit(self.context.id, self.queue, region.handle,
+                                        region.offset, len(data), ch.handles,
+                                        len(ch.builder.commands))
+        except BaseException as e:
+            # Queued anyway, so that completion stays in order: retiring it fails its
+            # downloads with this error and frees its staging for reuse.
+            ch.submit_error = e
+            if isinstance(e, DriverError):
+                # The driver refuses a faulted context's submissions: report the
+                # earlier submission's DeviceError (the cause), chained to the refusal.
+                if self._inflight:
+                    self._wait_through(ch.seq - 1, None, raise_errors=False)
+                if self._first_error is not None and isinstance(self._first_error[1],
+                                                                DeviceError):
+                    raise self._first_error[1] from e
+            raise
+        finally:
+            self._inflight.append(ch)
+        return ch.fence
+
+    def flush(self) -> int | None:
+        """Submit the commands appended so far; returns the fence (None if none)."""
+        self._check("flush")
+        return self._submit_open()
+
+    def _retire(self, ch: _Chunk, r: Any) -> None:
+        """Record chunk `ch`'s completion (`r` a WaitResult, or None if never submitted)."""
+        self._inflight.popleft()
+        err: BaseException | None = None
+        if r is None:
+            err = ch.submit_error
+            res = SubmissionResult(ch.seq, None, self.queue, va1.Status.ABORTED, None, 0, 0,
+                                   len(ch.builder.commands), ch.builder.size)
+        else:
+            off = None if r.error_offset == va1.NO_OFFSET else r.error_offset
+            res = SubmissionResult(ch.seq, ch.fence, self.queue, r.status, off, r.start_ns,
+                                   r.end_ns, len(ch.builder.commands), ch.builder.size)
+            if r.status != va1.Status.OK:
+                rec = None if off is None else ch.builder.command_at(off)
+                err = DeviceError(r.status, off, None if rec is None else rec.name,
+                                  fence_seq=ch.fence or 0, context_id=self.context.id,
+                                  queue=self.queue)
+        self.submissions.append(res)
+        self._completed_seq = ch.seq
+        if err is not None and self._first_error is None:
+            self._first_error = (ch.seq, err)
+        for p in ch.downloads:
+            p._complete(err)
+        ch.downloads.clear()
+
+    def _wait_one(self, ch: _Chunk, timeout_ns: int) -> bool:
+        if ch.fence is None:
+            self._retire(ch, None)
+            return True
+        r = self._drv.wait(self.context.id, ch.fence, timeout_ns)
+        if r is None:
+            return False
+        self._retire(ch, r)
+        return True
+
+    def _poll(self) -> None:
+        """Retire every chunk that has completed, without blocking."""
+        while self._inflight and self._wait_one(self._inflight[0], 0):
+            pass
+
+    def _poll_through(self, seq: int) -> bool:
+        if seq >= self._open.seq:
+            self._submit_open()
+        self._poll()
+        return seq <= self._completed_seq
+
+    def _wait_through(self, seq: int, timeout_ns: int | None, *, raise_errors: bool) -> None:
+        if seq >= self._open.seq:
+            self._submit_open()
+        t = -1 if timeout_ns is None else int(timeout_ns)
+        while self._inflight and self._inflight[0].seq <= seq:
+            ch = self._inflight[0]
+            if not self._wait_one(ch, t):
+                raise TimeoutError(f"fence {ch.fence} of context {self.context.id} queue "
+                                   f"{self.queue} did not signal within {t} ns")
+        if raise_errors and self._first_error is not None and self._first_error[0] <= seq:
+            raise self._first_error[1]
+
+    def query(self) -> bool:
+        """True if all work appended so far has completed (submits it; never blocks)."""
+        self._check("query")
+        return self._poll_through(self._open.seq - (0 if self._open.builder.size else 1))
+
+    def synchronize(self, timeout_ns: int | None = None) -> None:
+        """Submit pending commands and wait for all of them; raises the stream's first
+        DeviceError (naming the status and the command at the error offset)."""
+        self._check("synchronize")
+        self._submit_open()
+        self._wait_through(self._open.seq - 1, timeout_ns, raise_errors=True)
+
+    def destroy(self) -> None:
+        """Drop unsubmitted commands, wait for submitted ones (errors are kept in
+        `error`, not raised) and free the staging memory."""
+        if self.destroyed:
+            return
+        dropped = self._open
+        self._open = _Chunk(dropped.seq + 1, CommandBufferBuilder(self._max_cmdbuf))
+        for p in dropped.downloads:
+            p._complete(UseAfterFreeError("download: its stream was destroyed before it "
+                                          "was submitted"))
+        try:
+            while self._inflight:
+                self._wait_one(self._inflight[0], -1)
+        finally:
+            self.destroyed = True
+            if self in self.context.streams:
+                self.context.streams.remove(self)
+            self._completed_seq = self._open.seq
+            self._staging.release_all()
+
+    def __enter__(self) -> Stream:
+        return self
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        try:
+            if exc_type is None and not self.destroyed:
+                self.synchronize()
+        finally:
+            self.destroy()
+
+    def __repr__(self) -> str:
+        return (f"<Stream context={self.context.id} queue={self.queue} "
+                f"pending={self.pending_commands} inflight={len(self._inflight)}>")

@@ -1,0 +1,27 @@
+"""VA-1 command buffers: build them, decode them, disassemble them.
+
+The public face of `userspace_runtime._builder`; see `CommandBufferBuilder`.
+"""
+from __future__ import annotations
+
+from ._builder import (
+    CommandBufferBuilder,
+    CommandRecord,
+    DecodedCommand,
+    as_activation,
+    as_dtype,
+    as_eltop,
+    decode,
+    disassemble,
+)
+
+__all__ = [
+    "CommandBufferBuilder",
+    "CommandRecord",
+    "DecodedCommand",
+    "as_activation",
+    "as_dtype",
+    "as_eltop",
+    "decode",
+    "disassemble",
+]
