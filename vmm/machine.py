@@ -82,6 +82,7 @@ class Machine:
         self.sched = Scheduler()
         self.rng = random.Random(seed)
         self.trace = Trace(self.sched.now_ns, keep=keep_trace)
+        self.trace.emit("machine", "start", {"seed": seed})
         self.tasks: list[GuestTask] = []
         self._current: GuestTask | None = None
         self._pending_irqs: deque[PendingIrq] = deque()
@@ -172,10 +173,15 @@ class Machine:
             raise SchedulerError("wait_until called outside the running guest task")
         if me is not None:
             me.cond, me.deadline, me.what, me.state = cond, deadline, what, TaskState.WAITING
+        who = me.name if me is not None else "main"
+        self.trace.emit("machine", "wait", {"task": who, "what": what,
+                                            "timeout": -1 if deadline is None else deadline - now})
+        woke = False
         try:
             while True:
                 self._deliver_irqs()
                 if cond():
+                    woke = True
                     return True
                 if deadline is not None and self.sched.now_ns() >= deadline:
                     return False
@@ -187,8 +193,9 @@ class Machine:
                     if me.deadlocked:
                         raise GuestDeadlock(f"guest task {me.name!r} waits for {what} forever")
                     continue
-                self._step(what, me.name if me else "main", deadline)
+                self._step(what, who, deadline)
         finally:
+            self.trace.emit("machine", "wake", {"task": who, "what": what, "ok": woke})
             if me is not None:
                 me.state, me.cond, me.deadline = TaskState.RUNNING, None, None
 
