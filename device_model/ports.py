@@ -76,3 +76,11 @@ class DevicePorts:
         self.dma = dma
         self.clock = clock
         self.tracer: Tracer = tracer if tracer is not None else NullTracer()
+
+
+class MsiPort(Protocol):
+    """Where a PCI function's MSI/MSI-X messages go: a DWORD write of `data` to
+    `address`. The platform routes it (to a VM's interrupt controller, or to the host's,
+    which signals a VFIO eventfd)."""
+
+    def send(self, address: int, data: int) -> None: ...

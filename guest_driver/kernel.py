@@ -31,12 +31,27 @@ class MmioAccessor(Protocol):
     def write(self, addr: int, size: int, value: int) -> None: ...
 
 
+@dataclass(frozen=True)
+class MsiMessage:
+    """What a device must write to raise one MSI/MSI-X interrupt (x86: address in the
+    0xFEE00000 window, data carries the vector)."""
+    address: int
+    data: int
+
+
 class IrqChip(Protocol):
     def request_irq(self, line: int, handler: Callable[[], None], name: str) -> None:
         """Handlers run in interrupt context: they must not wait."""
         ...
 
     def free_irq(self, line: int) -> None: ...
+
+    def alloc_msi(self, handler: Callable[[], None], name: str) -> MsiMessage:
+        """A new message-signalled interrupt; the handler runs in interrupt context.
+        Raises OSError(ENOSPC) when the vectors are exhausted."""
+        ...
+
+    def free_msi(self, msg: MsiMessage) -> None: ...
 
 
 class GuestScheduler(Protocol):
@@ -70,6 +85,17 @@ class RamRange:
     size: int
 
 
+@dataclass(frozen=True)
+class PciHostBridge:
+    """A PCI segment the firmware describes (ACPI MCFG): ECAM config window, bus range,
+    and the memory window the firmware assigned BARs from."""
+    ecam_base: int
+    bus_start: int
+    bus_end: int
+    mem_base: int
+    mem_size: int
+
+
 class GuestKernel(Protocol):
     memory: PhysMemory
     mmio: MmioAccessor
@@ -78,3 +104,4 @@ class GuestKernel(Protocol):
     trace: Tracer
     ram: RamRange
     platform_devices: tuple[PlatformDevice, ...]
+    pci_hosts: tuple[PciHostBridge, ...]

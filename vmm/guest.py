@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from guest_driver.kernel import PlatformDevice, RamRange
+from guest_driver.kernel import PciHostBridge, PlatformDevice, RamRange
 
 from .bus import MmioBus
 from .irq import InterruptController
@@ -73,3 +73,4 @@ class GuestKernelServices:
     trace: SourceTracer
     ram: RamRange
     platform_devices: tuple[PlatformDevice, ...] = field(default_factory=tuple)
+    pci_hosts: tuple[PciHostBridge, ...] = field(default_factory=tuple)
