@@ -4,12 +4,16 @@ Wiring (by the VMM):
     dev = Va1Device(Va1Config(), DevicePorts(dma=..., clock=..., tracer=...))
     mmio = MmioTransport(dev, irq=line, tracer=tracer)
     value = mmio.read(offset, size); mmio.write(offset, size, value)
+  or as a PCIe function (device_model.pci.api.PciFunction):
+    fn = VirtioPciFunction(dev, msi=msi_port, tracer=tracer, intx=None)
+    fn.config_read(off, size); fn.bar_write(0, off, size, value); fn.function_level_reset()
 """
 from .ports import DevicePorts, DmaFault
 from .va1.config import Va1Config
 from .va1.device import Va1Device
 from .virtio.mmio import MmioTransport, Violation
+from .virtio.pci import VirtioPciFunction
 from .virtio.queue import RingError
 
 __all__ = ["DevicePorts", "DmaFault", "MmioTransport", "RingError", "Va1Config",
-           "Va1Device", "Violation"]
+           "Va1Device", "VirtioPciFunction", "Violation"]

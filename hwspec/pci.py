@@ -4,6 +4,7 @@ from __future__ import annotations
 
 CFG_SPACE_SIZE = 256
 CFG_SPACE_EXP_SIZE = 4096
+STD_HEADER_SIZEOF = 64
 
 # Type-0 header.
 VENDOR_ID = 0x00
@@ -21,11 +22,14 @@ SUBSYSTEM_ID = 0x2E
 CAPABILITY_LIST = 0x34
 INTERRUPT_LINE = 0x3C
 INTERRUPT_PIN = 0x3D
+# INTx pin numbering (PCI Local Bus 3.0 §6.2.4; include/linux/pci.h, not in uapi).
+INTERRUPT_PIN_INTA = 1
 
 COMMAND_IO = 0x1
 COMMAND_MEMORY = 0x2
 COMMAND_MASTER = 0x4
 COMMAND_INTX_DISABLE = 0x400
+STATUS_INTERRUPT = 0x08
 STATUS_CAP_LIST = 0x10
 HEADER_TYPE_NORMAL = 0
 HEADER_TYPE_MULTI_FUNCTION = 0x80
@@ -43,6 +47,7 @@ CLASS_PROCESSING_ACCELERATOR = 0x12
 # Capability list.
 CAP_LIST_ID = 0
 CAP_LIST_NEXT = 1
+CAP_FLAGS = 2
 CAP_ID_VNDR = 0x09
 CAP_ID_EXP = 0x10
 CAP_ID_MSIX = 0x11
@@ -68,13 +73,16 @@ MSIX_ENTRY_CTRL_MASKBIT = 0x1
 
 # PCI Express capability (function level reset).
 EXP_FLAGS = 0x02
+EXP_FLAGS_VERS = 0x000F
+EXP_FLAGS_TYPE = 0x00F0
 EXP_DEVCAP = 0x04
 EXP_DEVCTL = 0x08
 EXP_DEVSTA = 0x0A
 EXP_DEVCAP_FLR = 0x10000000
+EXP_DEVCTL_PAYLOAD = 0x00E0
 EXP_DEVCTL_BCR_FLR = 0x8000
 EXP_TYPE_ENDPOINT = 0x0
-CAP_EXP_ENDPOINT_SIZEOF_V2 = 0x3C
+CAP_EXP_ENDPOINT_SIZEOF_V2 = 0x32   # end of v2 endpoints with a link
 
 # Extended capabilities (offset 0x100 onwards).
 EXT_CAP_START = 0x100
@@ -100,6 +108,21 @@ SRIOV_BAR = 0x24
 
 def ext_cap_header(cap_id: int, version: int, next_offset: int) -> int:
     return (cap_id & 0xFFFF) | ((version & 0xF) << 16) | ((next_offset & 0xFFC) << 20)
+
+
+def ext_cap_id(header: int) -> int:
+    """PCI_EXT_CAP_ID(header)."""
+    return header & 0x0000FFFF
+
+
+def ext_cap_ver(header: int) -> int:
+    """PCI_EXT_CAP_VER(header)."""
+    return (header >> 16) & 0xF
+
+
+def ext_cap_next(header: int) -> int:
+    """PCI_EXT_CAP_NEXT(header)."""
+    return (header >> 20) & 0xFFC
 
 
 # MSI messages on x86: a DWORD write into the interrupt window; data carries the vector.
