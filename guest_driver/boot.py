@@ -1,4 +1,7 @@
-"""Guest boot: probe the platform's devices and bind VA-1 functions as /dev/accel/accelN."""
+"""Guest boot: probe the platform's devices and the PCI buses, and bind VA-1 functions as
+/dev/accel/accelN: virtio-mmio ones first (firmware order), then PCI ones in
+(host bridge, bus, device, function) order. A function that fails probe gets a line in
+`probe_errors` and no device file; boot goes on."""
 from __future__ import annotations
 
 import errno
@@ -7,10 +10,13 @@ from hwspec import va1 as A
 
 from .kernel import GuestKernel
 from .mm import PageAllocator
+from .pci import PciError, scan_host
 from .uapi import DeviceFile
 from .va1.devfile import VA1File
 from .va1.driver import VA1Device
-from .virtio.mmio import TransportError, VirtioMmio
+from .virtio.mmio import VirtioMmio
+from .virtio.pci import VirtioPci
+from .virtio.transport import TransportError
 
 ACCEL_DIR = "/dev/accel/"
 
@@ -30,33 +36,49 @@ class AccelGuestOS:
                                         f"(have {', '.join(sorted(self.devices)) or 'none'})")
         return VA1File(dev, path)
 
+    def _probe_error(self, error: str, **where: object) -> None:
+        self.probe_errors.append(error)
+        self.kernel.trace.emit("probe_error", error=error, **where)
+
 
 def boot(kernel: GuestKernel) -> AccelGuestOS:
-    """Probe every platform device; bind each VA-1 virtio-mmio function in order."""
+    """Bind every VA-1 function: platform virtio-mmio ones, then PCI ones."""
     os_ = AccelGuestOS(kernel)
     alloc = PageAllocator(kernel.ram.base, kernel.ram.size, "guest RAM")
-    minor = 0
     for pdev in kernel.platform_devices:
         if pdev.compatible != "virtio,mmio":
             continue
         try:
             dev_id = VirtioMmio(kernel.mmio, pdev.base).probe()
         except TransportError as e:
-            os_.probe_errors.append(str(e))
-            kernel.trace.emit("probe_error", base=pdev.base, error=str(e))
+            os_._probe_error(str(e), base=pdev.base)
             continue
         if dev_id != A.VIRTIO_DEVICE_ID:
             continue  # 0 = empty slot; other ids are other drivers' business
-        name = f"accel{minor}"
+        name = f"accel{len(os_.devices)}"
         dev = VA1Device(kernel, pdev, alloc, name)
         try:
             dev.probe()
         except TransportError as e:
-            os_.probe_errors.append(str(e))
-            kernel.trace.emit("probe_error", base=pdev.base, error=str(e))
+            os_._probe_error(str(e), base=pdev.base)
             continue
         os_.devices[ACCEL_DIR + name] = dev
         kernel.trace.emit("bound", dev=name, base=pdev.base, irq=pdev.irq,
                           features=dev.features)
-        minor += 1
+    for segment, host in enumerate(kernel.pci_hosts):
+        scan = scan_host(kernel, host, segment)
+        for err in scan.errors:
+            os_._probe_error(err, ecam=host.ecam_base)
+        for fn in sorted(scan.functions, key=lambda f: f.bdf):
+            if fn.vendor_id != A.PCI_VENDOR_ID or fn.device_id != A.PCI_DEVICE_ID:
+                continue
+            name = f"accel{len(os_.devices)}"
+            dev = VA1Device(kernel, VirtioPci(kernel, fn), alloc, name)
+            try:
+                dev.probe()
+            except (TransportError, PciError) as e:
+                os_._probe_error(str(e), pci=str(fn.bdf))
+                continue
+            os_.devices[ACCEL_DIR + name] = dev
+            kernel.trace.emit("bound", dev=name, pci=str(fn.bdf), features=dev.features)
     return os_

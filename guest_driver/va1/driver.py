@@ -1,4 +1,7 @@
-"""The VA-1 driver for one function over virtio-mmio (datasheet §2-§8).
+"""The VA-1 driver for one function over any virtio transport (datasheet §2-§8).
+
+The driver talks to its function only through `VirtioTransport` (virtio-mmio or
+virtio-pci), so bring-up, fences, recovery and the device file are the same on both.
 
 Queues: controlq (0), eventq (1), submitq[i] (2+i). Requests live in per-queue slots in
 guest RAM; the ring token of a request is the driver object that waits for it. The IRQ
@@ -13,16 +16,16 @@ from __future__ import annotations
 import errno
 import struct
 from dataclasses import dataclass, field
-from typing import Callable, Union
+from typing import Callable, Optional, Sequence, Union
 
 from hwspec import va1 as A
 from hwspec import virtio as V
-from hwspec import virtio_mmio as R
 from hwspec.layout import Layout
 
 from ..kernel import GuestKernel, PlatformDevice
 from ..mm import AllocError, PageAllocator
-from ..virtio.mmio import ProbeError, TransportError, VirtioMmio
+from ..virtio.mmio import VirtioMmio
+from ..virtio.transport import ProbeError, TransportError, VirtioTransport
 from ..virtio.split_ring import RingError, SplitQueue
 from .devmem import DeviceMemory
 from .fence import Fence, FenceTimeline
@@ -114,13 +117,19 @@ class _Queue:
 class VA1Device:
     """One bound VA-1 function."""
 
-    def __init__(self, kernel: GuestKernel, pdev: PlatformDevice, alloc: PageAllocator,
-                 name: str) -> None:
+    def __init__(self, kernel: GuestKernel, dev: PlatformDevice | VirtioTransport,
+                 alloc: PageAllocator, name: str) -> None:
+        """`dev` is a virtio-mmio platform device or any ready-made transport."""
         self.kernel = kernel
-        self.pdev = pdev
+        self.pdev: PlatformDevice | None = None
+        self.transport: VirtioTransport
+        if isinstance(dev, PlatformDevice):
+            self.pdev = dev
+            self.transport = VirtioMmio(kernel.mmio, dev.base, kernel.irq, dev.irq)
+        else:
+            self.transport = dev
         self.alloc = alloc
         self.name = name
-        self.transport = VirtioMmio(kernel.mmio, pdev.base)
         self.features = 0
         self.config: dict[str, int] = {}
         self.generation = 0
@@ -133,12 +142,12 @@ class VA1Device:
         self._contexts: dict[int, Context] = {}  # device_id -> live context (this generation)
         self._next_uid = 1
         self._in_irq = False
+        self._irq_again: list[tuple[bool, Optional[Sequence[int]]]] = []
         self._recovering = False
-        self._irq_registered = False
 
     # ================================================================== bring-up
     def probe(self) -> None:
-        """Bind: identify, initialise, register the IRQ. Raises ProbeError on failure."""
+        """Bind: identify, initialise (interrupts included). Raises ProbeError on failure."""
         t = self.transport
         dev_id = t.probe()
         if dev_id != A.VIRTIO_DEVICE_ID:
@@ -150,12 +159,6 @@ class VA1Device:
             self._give_up()
             raise ProbeError(f"{self.name}: {e}") from e
         self.devmem = DeviceMemory(self.config["device_memory_size"])
-        try:
-            self.kernel.irq.request_irq(self.pdev.irq, self._irq, self.name)
-        except Exception as e:  # the VM's irqchip refused the line: no device without it
-            self._give_up()
-            raise ProbeError(f"{self.name}: cannot get interrupt line {self.pdev.irq}: {e}") from e
-        self._irq_registered = True
 
     def _give_up(self) -> None:
         """Stop the device's DMA (reset) before giving its rings back, then mark FAILED."""
@@ -164,6 +167,10 @@ class VA1Device:
                 self.transport.reset()
             self.transport.fail()
         except Exception:  # noqa: BLE001 - best effort on a device we are abandoning
+            pass
+        try:
+            self.transport.free_interrupts()
+        except Exception:  # noqa: BLE001
             pass
         for q in self._queues:
             q.ring.release()
@@ -200,6 +207,7 @@ class VA1Device:
                 q.ring.release()
                 self.alloc.free(q.slot_base)
             self._queues = []
+        t.setup_interrupts([index for index, _, _ in plan], self._interrupt, self.name)
         for i, (index, cap, slot_size) in enumerate(plan):
             num_max = t.queue_num_max(index)
             if num_max == 0:
@@ -274,30 +282,42 @@ class VA1Device:
         self._wait(cond, None, what, queue=q.index)
 
     # ================================================================== IRQ path
-    def _irq(self) -> None:
-        """Interrupt handler: read InterruptStatus, ACK it, then handle and reap.
+    def _interrupt(self, config: bool, queues: Optional[Sequence[int]]) -> None:
+        """Interrupt handler, called by the transport: a config change may have happened
+        and/or `queues` (None: any queue) may have used buffers. Never waits.
 
-        Two MMIO accesses per interrupt. ACK comes before reaping, so a used entry that
-        lands after the reap sets the (level-triggered) line again.
+        A call that arrives while one runs (from our own MMIO) is queued and run after
+        it, so an edge-triggered message (MSI-X) is never lost.
         """
         if self._in_irq:
-            return  # re-entered from our own MMIO; the level-triggered line stays up
+            self._irq_again.append((config, queues))
+            return
         self._in_irq = True
         try:
-            isr = self.transport.interrupt_status()
-            if isr == 0:
-                return
-            self.transport.interrupt_ack(isr)  # even when dead: do not leave the line high
-            self.interrupts += 1
-            if not self.ready or self.dead:
-                return
-            if isr & R.INT_CONFIG:
-                self._config_changed()
-                if not self.ready:
-                    return
-            self._reap_all()
+            self._handle_interrupt(config, queues)
+            while self._irq_again:
+                self._handle_interrupt(*self._irq_again.pop(0))
         finally:
             self._in_irq = False
+            self._irq_again = []
+
+    def _handle_interrupt(self, config: bool, queues: Optional[Sequence[int]]) -> None:
+        self.interrupts += 1
+        if not self.ready or self.dead:
+            return
+        if config:
+            self._config_changed()
+            if not self.ready:
+                return
+        if queues is None:
+            self._reap_all()
+            return
+        gen = self.generation
+        for index in queues:
+            if self.generation != gen or not self.ready:
+                return
+            if 0 <= index < len(self._queues):
+                self._reap(self._queues[index])
 
     def _config_changed(self) -> None:
         status = self.transport.read_status()
@@ -411,20 +431,7 @@ class VA1Device:
                 self.transport.reset()  # after this the device issues no DMA (§8)
             except TransportError as e:
                 self.dead = str(e)
-            aborted: list[_Submission] = []
-            for q in self._queues:
-                for token in q.ring.drain():
-                    if isinstance(token, _CtrlRequest):
-                        token.aborted = True
-                        token.status = int(A.Status.ABORTED)
-                        token.done = True
-                    elif isinstance(token, _Submission):
-                        aborted.append(token)
-            for ctx in self._contexts.values():
-                ctx.lost = True
-            self._contexts = {}
-            for sub in aborted:
-                sub.ctx.timeline.signal(sub.fence, A.Status.ABORTED)
+            self._abort_in_flight()
             if self.dead:
                 return
             try:
@@ -439,9 +446,49 @@ class VA1Device:
         finally:
             self._recovering = False
 
+    def _abort_in_flight(self) -> None:
+        """After a reset: every request in flight completes ABORTED, exactly once."""
+        aborted: list[_Submission] = []
+        for q in self._queues:
+            for token in q.ring.drain():
+                if isinstance(token, _CtrlRequest):
+                    token.aborted = True
+                    token.status = int(A.Status.ABORTED)
+                    token.done = True
+                elif isinstance(token, _Submission):
+                    aborted.append(token)
+        for ctx in self._contexts.values():
+            ctx.lost = True
+        self._contexts = {}
+        for sub in aborted:
+            sub.ctx.timeline.signal(sub.fence, A.Status.ABORTED)
+
     def reset(self, reason: str = "requested") -> None:
         self.check_alive()
         self.recover(reason)
+
+    def remove(self) -> None:
+        """Unbind: reset (no DMA after it), abort what is in flight, give back the
+        interrupts and the ring memory. The device file then reports ENODEV."""
+        if self.dead == "removed":
+            return
+        self.generation += 1
+        self.ready = False
+        self._trace("remove")
+        try:
+            self.transport.reset()
+        except TransportError:
+            pass
+        self._abort_in_flight()
+        self.dead = "removed"
+        try:
+            self.transport.free_interrupts()
+        except Exception:  # noqa: BLE001 - best effort while unbinding
+            pass
+        for q in self._queues:
+            q.ring.release()
+            self.alloc.free(q.slot_base)
+        self._queues = []
 
     # ================================================================== controlq
     def _control(self, req: bytes, resp_size: int, what: str) -> _CtrlRequest:

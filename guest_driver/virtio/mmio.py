@@ -6,40 +6,46 @@ do exactly one access each.
 """
 from __future__ import annotations
 
+from typing import Sequence
+
 from hwspec import virtio as V
 from hwspec import virtio_mmio as R
 from hwspec.layout import Layout
 
-from ..kernel import MmioAccessor
+from ..kernel import IrqChip, MmioAccessor
+from .transport import (FeaturesRefused, InterruptHandler, ProbeError, TransportError,
+                        check_queue_size)
+from .transport import negotiate as _negotiate
+
+__all__ = ["VirtioMmio", "TransportError", "ProbeError", "FeaturesRefused"]
 
 RESET_POLL_LIMIT = 1000          # reads of Status after writing 0 before giving up
 CONFIG_GENERATION_RETRIES = 100  # re-reads of a config block before giving up
-
-
-class TransportError(RuntimeError):
-    """The device is not usable through this transport (named reason in the message)."""
-
-
-class ProbeError(TransportError):
-    """Not a (supported) virtio-mmio device at this address."""
-
-
-class FeaturesRefused(TransportError):
-    """The device left FEATURES_OK clear after the driver wrote it."""
 
 
 _SIZE_OF_CODE = {"B": 1, "H": 2, "I": 4, "Q": 8}
 
 
 class VirtioMmio:
-    """One virtio-mmio register window."""
+    """One virtio-mmio register window (implements VirtioTransport).
 
-    def __init__(self, mmio: MmioAccessor, base: int) -> None:
+    Interrupts: one platform line, level-triggered; the line handler reads
+    InterruptStatus and ACKs it before calling the driver (two MMIO accesses).
+    """
+
+    def __init__(self, mmio: MmioAccessor, base: int, irqchip: IrqChip | None = None,
+                 irq: int | None = None) -> None:
         self.mmio = mmio
         self.base = base
+        self.name = f"virtio-mmio@{base:#x}"
         self.device_id = 0
         self.vendor_id = 0
         self._status = 0  # what the driver last wrote (avoids a read per status update)
+        self._irqchip = irqchip
+        self._irq = irq
+        self._irq_registered = False
+        self._handler: InterruptHandler | None = None
+        self._in_irq = False
 
     # ---- raw register access -------------------------------------------------------
     def _rd(self, off: int) -> int:
@@ -94,28 +100,18 @@ class VirtioMmio:
             feats |= self._rd(R.DEVICE_FEATURES) << (32 * sel)
         return feats
 
+    def write_driver_features(self, features: int) -> None:
+        for sel in (0, 1):
+            self._wr(R.DRIVER_FEATURES_SEL, sel)
+            self._wr(R.DRIVER_FEATURES, (features >> (32 * sel)) & 0xFFFFFFFF)
+
     def negotiate(self, wanted: int, required: int = 1 << V.F_VERSION_1) -> int:
         """Accept `wanted & offered`, write FEATURES_OK and check that it stuck.
 
         Returns the accepted feature set. Raises FeaturesRefused naming the features when
         a required one is not offered or the device leaves FEATURES_OK clear.
         """
-        offered = self.device_features()
-        missing = required & ~offered
-        if missing:
-            raise FeaturesRefused(f"virtio-mmio@{self.base:#x}: device does not offer required "
-                                  f"features {_bits(missing)} (offered {offered:#x})")
-        accepted = offered & wanted
-        for sel in (0, 1):
-            self._wr(R.DRIVER_FEATURES_SEL, sel)
-            self._wr(R.DRIVER_FEATURES, (accepted >> (32 * sel)) & 0xFFFFFFFF)
-        self.add_status(V.STATUS_FEATURES_OK)
-        status = self.read_status()
-        if not status & V.STATUS_FEATURES_OK:
-            raise FeaturesRefused(f"virtio-mmio@{self.base:#x}: device refused features "
-                                  f"{accepted:#x} ({_bits(accepted)}): FEATURES_OK stayed clear "
-                                  f"(status {status:#x})")
-        return accepted
+        return _negotiate(self, wanted, required)
 
     # ---- queues -------------------------------------------------------------------------
     def queue_num_max(self, index: int) -> int:
@@ -127,12 +123,7 @@ class VirtioMmio:
         self._wr(R.QUEUE_SEL, index)
         if self._rd(R.QUEUE_READY):
             raise TransportError(f"virtio-mmio@{self.base:#x}: queue {index} already ready")
-        num_max = self._rd(R.QUEUE_NUM_MAX)
-        if num_max == 0:
-            raise TransportError(f"virtio-mmio@{self.base:#x}: queue {index} does not exist")
-        if num > num_max or num <= 0 or num & (num - 1):
-            raise TransportError(f"virtio-mmio@{self.base:#x}: queue {index} size {num} "
-                                 f"invalid (max {num_max}, power of two)")
+        check_queue_size(self.name, index, num, self._rd(R.QUEUE_NUM_MAX))
         self._wr(R.QUEUE_NUM, num)
         for low, addr in ((R.QUEUE_DESC_LOW, desc), (R.QUEUE_DRIVER_LOW, driver),
                           (R.QUEUE_DEVICE_LOW, device)):
@@ -144,6 +135,38 @@ class VirtioMmio:
         self._wr(R.QUEUE_NOTIFY, index)
 
     # ---- interrupts -----------------------------------------------------------------------
+    def setup_interrupts(self, queues: Sequence[int], handler: InterruptHandler,
+                         name: str) -> None:
+        """Take the platform line once; virtio-mmio has no per-queue routing."""
+        self._handler = handler
+        if self._irq_registered or self._irqchip is None or self._irq is None:
+            return
+        try:
+            self._irqchip.request_irq(self._irq, self._line_irq, name)
+        except Exception as e:  # the VM's irqchip refused the line: no device without it
+            raise TransportError(f"cannot get interrupt line {self._irq}: {e}") from e
+        self._irq_registered = True
+
+    def free_interrupts(self) -> None:
+        if self._irq_registered and self._irqchip is not None and self._irq is not None:
+            self._irqchip.free_irq(self._irq)
+        self._irq_registered = False
+
+    def _line_irq(self) -> None:
+        """Read InterruptStatus, ACK it, hand it to the driver. ACK comes before the
+        driver reaps, so a used entry landing after the reap raises the line again."""
+        if self._in_irq or self._handler is None:
+            return  # re-entered from our own MMIO; the level-triggered line stays up
+        self._in_irq = True
+        try:
+            isr = self.interrupt_status()
+            if isr == 0:
+                return
+            self.interrupt_ack(isr)  # even when the driver gave up: do not leave it high
+            self._handler(bool(isr & R.INT_CONFIG), None)
+        finally:
+            self._in_irq = False
+
     def interrupt_status(self) -> int:
         return self._rd(R.INTERRUPT_STATUS)
 
@@ -167,6 +190,3 @@ class VirtioMmio:
         raise TransportError(f"virtio-mmio@{self.base:#x}: device config kept changing "
                              f"({CONFIG_GENERATION_RETRIES} ConfigGeneration retries)")
 
-
-def _bits(mask: int) -> str:
-    return "{" + ",".join(str(b) for b in range(64) if mask >> b & 1) + "}"

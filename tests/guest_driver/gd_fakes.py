@@ -7,6 +7,7 @@ and hooks to misbehave (bad used entries, NEEDS_RESET, refusing features, holdin
 """
 from __future__ import annotations
 
+import errno
 import heapq
 import struct
 from dataclasses import dataclass, field
@@ -14,7 +15,8 @@ from typing import Callable
 
 import numpy as np
 
-from guest_driver.kernel import PlatformDevice, RamRange
+from guest_driver.kernel import MsiMessage, PciHostBridge, PlatformDevice, RamRange
+from hwspec import pci as P
 from hwspec import isa as I
 from hwspec import va1 as A
 from hwspec import virtio as V
@@ -125,6 +127,24 @@ class FakeTrace:
 class FakeIrq:
     def __init__(self) -> None:
         self.handlers: dict[int, Callable[[], None]] = {}
+        self.msi: dict[int, tuple[Callable[[], None], str]] = {}  # data (vector) -> handler
+        self.msi_capacity = 200
+        self.msi_allocs = 0
+        self.msi_frees = 0
+
+    def alloc_msi(self, handler, name) -> MsiMessage:
+        if len(self.msi) >= self.msi_capacity:
+            raise OSError(errno.ENOSPC, "no free MSI vectors")
+        vec = next(v for v in range(0x30, 0x100) if v not in self.msi)
+        self.msi[vec] = (handler, name)
+        self.msi_allocs += 1
+        return MsiMessage(P.MSI_ADDRESS_BASE | (vec << 12), vec)
+
+    def free_msi(self, msg: MsiMessage) -> None:
+        assert msg.data in self.msi, f"free_msi of unallocated {msg}"
+        assert msg.address == P.MSI_ADDRESS_BASE | (msg.data << 12)
+        del self.msi[msg.data]
+        self.msi_frees += 1
 
     def request_irq(self, line, handler, name) -> None:
         assert line not in self.handlers
@@ -171,6 +191,21 @@ class FakeKernel:
         self.trace = FakeTrace()
         self.ram = RamRange(RAM_BASE, RAM_SIZE)
         self.platform_devices: tuple[PlatformDevice, ...] = ()
+        self.pci_hosts: tuple[PciHostBridge, ...] = ()
+        self.msi_log: list[tuple[int, int]] = []
+        self.stray_msi: list[tuple[int, int]] = []
+
+    def msi_write(self, address: int, data: int) -> None:
+        """A device's MSI write: the handler runs at the guest's next wait (edge)."""
+        self.msi_log.append((address, data))
+
+        def deliver() -> None:
+            h = self.irq.msi.get(data)
+            if h is None or address != P.MSI_ADDRESS_BASE | (data << 12):
+                self.stray_msi.append((address, data))
+                return
+            h[0]()
+        self.sched.at(0, deliver)
 
     def attach(self, dev: "FakeVA1", base: int, irq: int) -> None:
         self.mmio.add(base, R.REGION_SIZE, dev)
@@ -411,8 +446,7 @@ class FakeVA1:
     def set_needs_reset(self, rule: str = "test") -> None:
         self.broken = True
         self.status |= V.STATUS_DEVICE_NEEDS_RESET
-        self.isr |= R.INT_CONFIG
-        self.raise_irq()
+        self._signal_config()
 
     # ---- rings ----
     def _used(self, qi: int, head: int, ln: int) -> None:
@@ -437,8 +471,15 @@ class FakeVA1:
         else:
             need = not self.mem.u16(q.drv) & V.AVAIL_F_NO_INTERRUPT
         if need:
-            self.isr |= R.INT_VRING
-            self.raise_irq()
+            self._signal_queue(qi)
+
+    def _signal_queue(self, qi: int) -> None:
+        self.isr |= R.INT_VRING
+        self.raise_irq()
+
+    def _signal_config(self) -> None:
+        self.isr |= R.INT_CONFIG
+        self.raise_irq()
 
     def _process(self, qi: int) -> None:
         if self.broken or not self.status & V.STATUS_DRIVER_OK:

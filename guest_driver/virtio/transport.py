@@ -1,0 +1,122 @@
+"""What a virtio device driver needs from a transport (virtio 1.x §3, §4.1, §4.2).
+
+The VA-1 driver is written against `VirtioTransport` only, so the same bring-up,
+fences, recovery and device file run over virtio-mmio and virtio-pci. Interrupt wiring
+is the transport's business: it calls the driver's `InterruptHandler` with what may
+have happened (a configuration change, used buffers on some queues).
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional, Protocol, Sequence
+
+from hwspec import virtio as V
+from hwspec.layout import Layout
+
+# handler(config_changed, queues): queues None = any queue may have used buffers.
+InterruptHandler = Callable[[bool, Optional[Sequence[int]]], None]
+
+
+class TransportError(RuntimeError):
+    """The device is not usable through this transport (named reason in the message)."""
+
+
+class ProbeError(TransportError):
+    """Not a (supported) virtio device here, or its description is malformed."""
+
+
+class FeaturesRefused(TransportError):
+    """The device left FEATURES_OK clear after the driver wrote it."""
+
+
+class VirtioTransport(Protocol):
+    """One virtio function as the driver sees it, whatever the bus."""
+
+    name: str  # for messages: "virtio-mmio@0x10000000", "virtio-pci 0000:00:03.0"
+
+    def probe(self) -> int:
+        """Identify the function; return its virtio device id (0 = no device)."""
+        ...
+
+    def read_status(self) -> int: ...
+
+    def reset(self) -> None:
+        """Write 0 to the status and read back until 0. Must not wait (IRQ context)."""
+        ...
+
+    def add_status(self, bits: int) -> None: ...
+
+    def fail(self) -> None: ...
+
+    def negotiate(self, wanted: int, required: int = ...) -> int:
+        """Accept wanted & offered, set FEATURES_OK, check it stuck; return accepted."""
+        ...
+
+    def read_config(self, layout: Layout) -> dict[str, int]:
+        """Read the device config consistently (generation before == after)."""
+        ...
+
+    def config_generation(self) -> int: ...
+
+    def queue_num_max(self, index: int) -> int: ...
+
+    def setup_interrupts(self, queues: Sequence[int], handler: InterruptHandler,
+                         name: str) -> None:
+        """Wire interrupts for these queues and config changes; called at every
+        (re)initialisation after FEATURES_OK and before any setup_queue. Resources are
+        taken on the first call and kept; the device-side routing is redone each time
+        (a reset forgets it)."""
+        ...
+
+    def setup_queue(self, index: int, num: int, desc: int, driver: int, device: int) -> None:
+        """Program and enable one queue; before DRIVER_OK."""
+        ...
+
+    def notify(self, index: int) -> None: ...
+
+    def free_interrupts(self) -> None:
+        """Give back what setup_interrupts took (idempotent)."""
+        ...
+
+
+class FeatureWindow(Protocol):
+    """The primitives feature negotiation is built from (both transports have them)."""
+
+    name: str
+
+    def device_features(self) -> int: ...
+
+    def write_driver_features(self, features: int) -> None: ...
+
+    def add_status(self, bits: int) -> None: ...
+
+    def read_status(self) -> int: ...
+
+
+def negotiate(t: FeatureWindow, wanted: int, required: int) -> int:
+    """virtio 1.x §3.1.1 steps 4-6: accept, FEATURES_OK, read back."""
+    offered = t.device_features()
+    missing = required & ~offered
+    if missing:
+        raise FeaturesRefused(f"{t.name}: device does not offer required "
+                              f"features {bits_str(missing)} (offered {offered:#x})")
+    accepted = offered & wanted
+    t.write_driver_features(accepted)
+    t.add_status(V.STATUS_FEATURES_OK)
+    status = t.read_status()
+    if not status & V.STATUS_FEATURES_OK:
+        raise FeaturesRefused(f"{t.name}: device refused features "
+                              f"{accepted:#x} ({bits_str(accepted)}): FEATURES_OK stayed clear "
+                              f"(status {status:#x})")
+    return accepted
+
+
+def bits_str(mask: int) -> str:
+    return "{" + ",".join(str(b) for b in range(64) if mask >> b & 1) + "}"
+
+
+def check_queue_size(name: str, index: int, num: int, num_max: int) -> None:
+    if num_max == 0:
+        raise TransportError(f"{name}: queue {index} does not exist")
+    if num > num_max or num <= 0 or num & (num - 1):
+        raise TransportError(f"{name}: queue {index} size {num} "
+                             f"invalid (max {num_max}, power of two)")
