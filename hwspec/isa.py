@@ -1,7 +1,8 @@
-"""VA-1 command ISA: header, opcodes, payload layouts, dtypes.
+"""VA-1 command ISA: header, opcodes, payload layouts, dtypes, enums and flags.
 
 Every command is a header followed by its payload; `length` counts both, is a multiple
 of 8 and is exactly `8 + payload.size` except for NOP, which may be longer (padding).
+See docs/spec.md §7 for the semantics and validation rules behind each layout.
 """
 from __future__ import annotations
 
@@ -19,10 +20,18 @@ class Opcode(IntEnum):
     DMA_H2D = 0x02
     DMA_D2H = 0x03
     DMA_D2D = 0x04
+    COPY = 0x08          # strided copy / transpose, up to 4-D
     GEMM = 0x10
     ELEMENTWISE = 0x11
+    CONV2D = 0x18
+    SOFTMAX = 0x19
+    LAYERNORM = 0x1A
+    REDUCE = 0x1B
+    QUANTIZE = 0x1C
+    DEQUANTIZE = 0x1D
     SIGNAL = 0x20
     TIMESTAMP = 0x21
+    CALL = 0x28          # run a sub-buffer at an IOVA (bounded nesting)
 
 
 class DType(IntEnum):
@@ -35,25 +44,63 @@ class DType(IntEnum):
 DTYPE_SIZE = {DType.F32: 4, DType.F16: 2, DType.I8: 1, DType.I32: 4}
 DTYPE_NUMPY = {DType.F32: "<f4", DType.F16: "<f2", DType.I8: "i1", DType.I32: "<i4"}
 
+FLOAT_DTYPES = frozenset({DType.F32, DType.F16})
+INT_DTYPES = frozenset({DType.I8, DType.I32})   # need VA1_F_INT8
+
 
 class Activation(IntEnum):
+    """GEMM / CONV2D epilogue."""
     NONE = 0
     RELU = 1
+    GELU = 2      # exact (erf) form, as ONNX Gelu default
+    SIGMOID = 3
 
 
 class EltOp(IntEnum):
     ADD = 0
     MUL = 1
-    RELU = 2  # unary: b is ignored
+    RELU = 2      # unary: b is ignored
+    SUB = 3
+    DIV = 4
+    GELU = 5      # unary
+    SIGMOID = 6   # unary
 
 
-UNARY_ELT_OPS = frozenset({EltOp.RELU})
+UNARY_ELT_OPS = frozenset({EltOp.RELU, EltOp.GELU, EltOp.SIGMOID})
+
+
+class ReduceOp(IntEnum):
+    SUM = 0
+    MAX = 1
+    MEAN = 2
+    MIN = 3
+
 
 # GEMM header flags.
 GEMM_TRANS_A = 1 << 0
 GEMM_TRANS_B = 1 << 1
 GEMM_BIAS = 1 << 2
 GEMM_FLAGS_ALL = GEMM_TRANS_A | GEMM_TRANS_B | GEMM_BIAS
+
+# ELEMENTWISE header flags.
+ELT_BROADCAST_B = 1 << 0   # b is a [cols] vector repeated over count / cols rows
+ELT_FLAGS_ALL = ELT_BROADCAST_B
+
+# CONV2D header flags.
+CONV_BIAS = 1 << 0
+CONV_FLAGS_ALL = CONV_BIAS
+
+# COPY: at most this many dimensions.
+COPY_MAX_DIMS = 4
+
+# CALL: the expanded submission (top-level buffer plus every callee, each time it is
+# called) may hold at most CALL_EXPANSION_FACTOR * max_cmdbuf_size bytes.
+CALL_EXPANSION_FACTOR = 4
+
+_QUANT = Layout("va1_quant", (
+    ("dtype", "B"), ("int_dtype", "B"), ("reserved", "H"), ("scale", "f"),
+    ("zero_point", "i"), ("reserved2", "I"),
+    ("count", "Q"), ("x", "Q"), ("y", "Q")))
 
 PAYLOAD: dict[Opcode, Layout] = {
     Opcode.NOP: Layout("va1_nop", ()),
@@ -62,16 +109,47 @@ PAYLOAD: dict[Opcode, Layout] = {
     Opcode.DMA_H2D: Layout("va1_dma", (("src", "Q"), ("dst", "Q"), ("size", "Q"))),
     Opcode.DMA_D2H: Layout("va1_dma", (("src", "Q"), ("dst", "Q"), ("size", "Q"))),
     Opcode.DMA_D2D: Layout("va1_dma", (("src", "Q"), ("dst", "Q"), ("size", "Q"))),
+    Opcode.COPY: Layout("va1_copy", (
+        ("dtype", "B"), ("ndim", "B"), ("reserved", "H"), ("reserved2", "I"),
+        ("src", "Q"), ("dst", "Q"),
+        ("shape0", "I"), ("shape1", "I"), ("shape2", "I"), ("shape3", "I"),
+        ("src_stride0", "Q"), ("src_stride1", "Q"), ("src_stride2", "Q"),
+        ("src_stride3", "Q"),
+        ("dst_stride0", "Q"), ("dst_stride1", "Q"), ("dst_stride2", "Q"),
+        ("dst_stride3", "Q"))),
     Opcode.GEMM: Layout("va1_gemm", (
         ("dtype", "B"), ("activation", "B"), ("reserved", "H"),
         ("m", "I"), ("n", "I"), ("k", "I"),
         ("a", "Q"), ("b", "Q"), ("c", "Q"), ("bias", "Q"),
         ("alpha", "f"), ("beta", "f"))),
     Opcode.ELEMENTWISE: Layout("va1_elementwise", (
-        ("op", "B"), ("dtype", "B"), ("reserved", "H"), ("reserved2", "I"),
+        ("op", "B"), ("dtype", "B"), ("reserved", "H"), ("cols", "I"),
         ("count", "Q"), ("a", "Q"), ("b", "Q"), ("out", "Q"))),
+    Opcode.CONV2D: Layout("va1_conv2d", (
+        ("dtype", "B"), ("activation", "B"), ("reserved", "H"), ("groups", "I"),
+        ("n", "I"), ("c", "I"), ("h", "I"), ("w", "I"),
+        ("k", "I"), ("r", "I"), ("s", "I"),
+        ("stride_h", "H"), ("stride_w", "H"), ("dilation_h", "H"), ("dilation_w", "H"),
+        ("pad_top", "H"), ("pad_left", "H"), ("pad_bottom", "H"), ("pad_right", "H"),
+        ("reserved2", "I"),
+        ("x", "Q"), ("weight", "Q"), ("bias", "Q"), ("y", "Q"))),
+    Opcode.SOFTMAX: Layout("va1_softmax", (
+        ("dtype", "B"), ("reserved", "B"), ("reserved2", "H"),
+        ("rows", "I"), ("cols", "I"), ("reserved3", "I"),
+        ("x", "Q"), ("y", "Q"))),
+    Opcode.LAYERNORM: Layout("va1_layernorm", (
+        ("dtype", "B"), ("reserved", "B"), ("reserved2", "H"),
+        ("rows", "I"), ("cols", "I"), ("epsilon", "f"),
+        ("x", "Q"), ("gamma", "Q"), ("beta", "Q"), ("y", "Q"))),
+    Opcode.REDUCE: Layout("va1_reduce", (
+        ("op", "B"), ("dtype", "B"), ("reserved", "H"),
+        ("rows", "I"), ("cols", "I"), ("reserved2", "I"),
+        ("x", "Q"), ("y", "Q"))),
+    Opcode.QUANTIZE: _QUANT,
+    Opcode.DEQUANTIZE: _QUANT,
     Opcode.SIGNAL: Layout("va1_signal", (("addr", "Q"), ("value", "Q"))),
     Opcode.TIMESTAMP: Layout("va1_timestamp", (("addr", "Q"),)),
+    Opcode.CALL: Layout("va1_call", (("addr", "Q"), ("size", "I"), ("reserved", "I"))),
 }
 
 

@@ -13,6 +13,10 @@ VIRTIO_DEVICE_ID = 60
 MMIO_VENDOR_ID = 0x312D4156  # "VA-1", little-endian ASCII
 PCI_VENDOR_ID = 0x1AF4       # virtio PCI vendor
 PCI_DEVICE_ID = 0x1040 + VIRTIO_DEVICE_ID
+# Subsystem ids of the virtio-pci function (virtio 1.x §4.1.2: a non-transitional
+# device's subsystem device id SHOULD be >= 0x40). 0x4156 is "VA" in ASCII.
+PCI_SUBSYSTEM_VENDOR_ID = 0x1AF4
+PCI_SUBSYSTEM_ID = 0x4156
 
 # Device-specific feature bits (0-23).
 F_FP16 = 0
@@ -68,6 +72,7 @@ class Status(IntEnum):
     CMDBUF_TOO_LARGE = 12
     BAD_ARG = 13          # invalid enum value or flag
     NO_RESOURCES = 14
+    CALL_DEPTH = 15       # CALL nesting deeper than max_call_depth
 
 
 NO_OFFSET = 0xFFFFFFFF  # error_offset when the error is not tied to a command
@@ -133,3 +138,16 @@ EVENT = Layout("va1_event", (
     ("status", "I"),
     ("error_offset", "I"),
 ))
+
+# --- virtio-pci function layout (spec "virtio-pci transport") ----------------------
+# One 64-bit memory BAR holds every virtio structure and the MSI-X table and PBA, each
+# on its own 4 KiB page, so a VMM can trap the MSI-X table page and map the rest.
+PCI_BAR = 0
+PCI_BAR_SIZE = 0x8000
+PCI_COMMON_CFG_OFFSET = 0x0000
+PCI_ISR_OFFSET = 0x1000
+PCI_DEVICE_CFG_OFFSET = 0x2000
+PCI_NOTIFY_OFFSET = 0x3000
+PCI_MSIX_TABLE_OFFSET = 0x4000
+PCI_MSIX_PBA_OFFSET = 0x5000
+PCI_NOTIFY_OFF_MULTIPLIER = 4   # queue_notify_off = queue index

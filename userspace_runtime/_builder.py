@@ -1,4 +1,5 @@
-"""Encoding, decoding and disassembly of VA-1 command buffers (ISA 1.0).
+"""Encoding, decoding and disassembly of VA-1 command buffers (ISA 1.0 and its
+additions: COPY, CONV2D, SOFTMAX, LAYERNORM, REDUCE, QUANTIZE, DEQUANTIZE, CALL).
 
 Every number comes from `hwspec.isa`: opcodes, header and payload layouts, flags and
 enums. Fields are packed by name from the hwspec `Layout`s, so a layout change there is
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, SupportsIndex
 
 from hwspec import isa
-from hwspec.isa import Activation, DType, EltOp, Opcode
+from hwspec.isa import Activation, DType, EltOp, Opcode, ReduceOp
 
 IntLike = SupportsIndex  # an int, or anything with __index__ (numpy integers)
 
@@ -24,8 +25,10 @@ U32_MAX = 0xFFFF_FFFF
 U64_MAX = 0xFFFF_FFFF_FFFF_FFFF
 _F32_MAX = float(struct.unpack("<f", b"\xff\xff\x7f\x7f")[0])
 
-# GEMM and ELEMENTWISE compute dtypes (spec §7, BAD_DTYPE rule).
+# ELEMENTWISE (and float GEMM) compute dtypes (spec §7, BAD_DTYPE rule).
 COMPUTE_DTYPES = frozenset({DType.F32, DType.F16})
+# GEMM also takes I8 (int32 accumulation, I32 C and bias).
+GEMM_DTYPES = frozenset({DType.F32, DType.F16, DType.I8})
 
 # One precompiled struct per opcode: header and payload, both packed little-endian,
 # so the concatenation of their formats is exactly the wire layout.
@@ -155,6 +158,50 @@ def as_activation(value: Any) -> Activation:
 
 def as_eltop(value: Any) -> EltOp:
     return _enum(EltOp, value, "elementwise op")  # type: ignore[no-any-return]
+
+
+def as_reduceop(value: Any) -> ReduceOp:
+    return _enum(ReduceOp, value, "reduce op")  # type: ignore[no-any-return]
+
+
+def _float_dtype(value: Any, what: str) -> DType:
+    dt = as_dtype(value)
+    if dt not in COMPUTE_DTYPES:
+        raise ValueError(f"{what} dtype {dt.name} is not supported (only F32, F16)")
+    return dt
+
+
+def _pair(value: Any, what: str, maximum: int, minimum: int) -> tuple[int, int]:
+    if isinstance(value, (tuple, list)):
+        if len(value) != 2:
+            raise ValueError(f"{what} must be one integer or a pair, got {value!r}")
+        return (_uint(value[0], what, maximum, minimum=minimum),
+                _uint(value[1], what, maximum, minimum=minimum))
+    v = _uint(value, what, maximum, minimum=minimum)
+    return v, v
+
+
+def conv2d_output_hw(h: int, w: int, r: int, s: int, stride: tuple[int, int] = (1, 1),
+                     padding: tuple[int, int, int, int] = (0, 0, 0, 0),
+                     dilation: tuple[int, int] = (1, 1)) -> tuple[int, int]:
+    """CONV2D output height and width (spec §7); ValueError when the kernel does not fit.
+    `padding` is (top, left, bottom, right)."""
+    pt, pl, pb, pr = padding
+    eh, ew = dilation[0] * (r - 1) + 1, dilation[1] * (s - 1) + 1
+    if h + pt + pb < eh or w + pl + pr < ew:
+        raise ValueError(f"CONV2D kernel extent ({eh}, {ew}) larger than the padded input "
+                         f"({h + pt + pb}, {w + pl + pr})")
+    return (h + pt + pb - eh) // stride[0] + 1, (w + pl + pr - ew) // stride[1] + 1
+
+
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Row-major element strides of a dense tensor of `shape`."""
+    strides = []
+    acc = 1
+    for d in reversed(shape):
+        strides.append(acc)
+        acc *= d
+    return tuple(reversed(strides))
 
 
 # --- the builder --------------------------------------------------------------------
@@ -308,13 +355,21 @@ class CommandBufferBuilder:
              name: str | None = None) -> int:
         """C = act(alpha * op(A) @ op(B) + beta * C + bias), all at device addresses."""
         dt = as_dtype(dtype)
-        if dt not in COMPUTE_DTYPES:
-            raise ValueError(f"GEMM dtype {dt.name} is not supported (only F32, F16)")
+        if dt not in GEMM_DTYPES:
+            raise ValueError(f"GEMM dtype {dt.name} is not supported (only F32, F16, I8)")
         m = _uint(m, "GEMM m", U32_MAX, minimum=1)
         n = _uint(n, "GEMM n", U32_MAX, minimum=1)
         k = _uint(k, "GEMM k", U32_MAX, minimum=1)
         act = as_activation(activation)
         esize = isa.DTYPE_SIZE[dt]
+        osize = esize
+        if dt == DType.I8:  # int32 accumulation: C and bias are I32
+            osize = isa.DTYPE_SIZE[DType.I32]
+            if act not in (Activation.NONE, Activation.RELU):
+                raise ValueError(f"I8 GEMM activation {act.name} (only NONE, RELU)")
+            if alpha != 1.0 or beta not in (0.0, 1.0):
+                raise ValueError(f"I8 GEMM alpha={alpha!r} beta={beta!r}: alpha must be 1 "
+                                 "and beta 0 or 1")
         flags = 0
         if trans_a:
             flags |= isa.GEMM_TRANS_A
@@ -327,11 +382,11 @@ class CommandBufferBuilder:
         }
         _range(int(fields["a"]), m * k * esize, "GEMM a")
         _range(int(fields["b"]), k * n * esize, "GEMM b")
-        _range(int(fields["c"]), m * n * esize, "GEMM c")
+        _range(int(fields["c"]), m * n * osize, "GEMM c")
         if bias is not None:
             flags |= isa.GEMM_BIAS
             fields["bias"] = _addr(bias, "GEMM bias")
-            _range(int(fields["bias"]), n * esize, "GEMM bias")
+            _range(int(fields["bias"]), n * osize, "GEMM bias")
         if name is None:
             extra = "".join([" trans_a" if trans_a else "", " trans_b" if trans_b else "",
                              " +bias" if bias is not None else "",
@@ -341,8 +396,12 @@ class CommandBufferBuilder:
 
     def elementwise(self, op: EltOp | int | str, *, dtype: DType | int | str,
                     count: IntLike, a: IntLike, b: IntLike | None = None,
-                    out: IntLike, name: str | None = None) -> int:
-        """out = a op b over `count` elements (b is ignored, encoded 0, for unary ops)."""
+                    out: IntLike, broadcast_cols: IntLike | None = None,
+                    name: str | None = None) -> int:
+        """out = a op b over `count` elements (b is ignored, encoded 0, for unary ops).
+
+        With `broadcast_cols`, `b` is a [cols] vector added (etc.) to every row of the
+        [count / cols, cols] tensor `a` (flag BROADCAST_B): bias adds, batchnorm."""
         eop = as_eltop(op)
         dt = as_dtype(dtype)
         if dt not in COMPUTE_DTYPES:
@@ -353,18 +412,245 @@ class CommandBufferBuilder:
         out = _addr(out, "ELEMENTWISE out")
         _range(a, nbytes, "ELEMENTWISE a")
         _range(out, nbytes, "ELEMENTWISE out")
+        flags = cols = 0
+        b_bytes = nbytes
+        if broadcast_cols is not None:
+            if eop in isa.UNARY_ELT_OPS:
+                raise ValueError(f"ELEMENTWISE {eop.name} is unary: no broadcast_cols")
+            cols = _uint(broadcast_cols, "ELEMENTWISE broadcast_cols", U32_MAX, minimum=1)
+            if count % cols:
+                raise ValueError(f"ELEMENTWISE count {count} is not a multiple of "
+                                 f"broadcast_cols {cols}")
+            flags = isa.ELT_BROADCAST_B
+            b_bytes = cols * isa.DTYPE_SIZE[dt]
         if eop in isa.UNARY_ELT_OPS:
             b_addr = 0
         else:
             if b is None:
                 raise ValueError(f"ELEMENTWISE {eop.name} is binary: b is required")
             b_addr = _addr(b, "ELEMENTWISE b")
-            _range(b_addr, nbytes, "ELEMENTWISE b")
-        return self._emit(Opcode.ELEMENTWISE, 0,
-                          {"op": eop, "dtype": dt, "count": count, "a": a, "b": b_addr,
-                           "out": out},
+            _range(b_addr, b_bytes, "ELEMENTWISE b")
+        return self._emit(Opcode.ELEMENTWISE, flags,
+                          {"op": eop, "dtype": dt, "cols": cols, "count": count, "a": a,
+                           "b": b_addr, "out": out},
                           name or f"ELEMENTWISE {eop.name.lower()} {dt.name.lower()} "
-                                  f"count={count}")
+                                  f"count={count}" + (f" bcast={cols}" if cols else ""))
+
+    def copy(self, *, dtype: DType | int | str, shape: tuple[IntLike, ...] | list[IntLike],
+             src: IntLike, dst: IntLike,
+             src_strides: tuple[IntLike, ...] | list[IntLike] | None = None,
+             dst_strides: tuple[IntLike, ...] | list[IntLike] | None = None,
+             name: str | None = None) -> int:
+        """Strided COPY of a 1..4-D tensor: dst[i] = src[i] at element strides (default
+        row-major dense). Covers transpose and reshape-with-copy."""
+        dt = as_dtype(dtype)
+        dims = tuple(_uint(d, "COPY shape", U32_MAX, minimum=1) for d in shape)
+        if not 1 <= len(dims) <= isa.COPY_MAX_DIMS:
+            raise ValueError(f"COPY shape has {len(dims)} dimensions (1..{isa.COPY_MAX_DIMS})")
+        dense = contiguous_strides(dims)
+
+        def strides(value: Any, what: str) -> tuple[int, ...]:
+            if value is None:
+                return dense
+            st = tuple(_uint(v, what, U64_MAX) for v in value)
+            if len(st) != len(dims):
+                raise ValueError(f"{what} has {len(st)} entries for {len(dims)} dimensions")
+            return st
+
+        sst = strides(src_strides, "COPY src_strides")
+        dst_st = strides(dst_strides, "COPY dst_strides")
+        es = isa.DTYPE_SIZE[dt]
+        src = _addr(src, "COPY src")
+        dst = _addr(dst, "COPY dst")
+        for addr, st, what in ((src, sst, "COPY src"), (dst, dst_st, "COPY dst")):
+            _range(addr, (sum((d - 1) * s for d, s in zip(dims, st)) + 1) * es, what)
+        span = 1
+        for st, d in sorted((s, d) for s, d in zip(dst_st, dims) if d > 1):
+            if st < span:
+                raise ValueError("COPY dst_strides make destination elements overlap")
+            span = st * d
+        pad = isa.COPY_MAX_DIMS - len(dims)
+        fields: dict[str, int | float] = {"dtype": dt, "ndim": len(dims), "src": src,
+                                          "dst": dst}
+        for i, (d, s1, s2) in enumerate(zip(dims + (0,) * pad, sst + (0,) * pad,
+                                            dst_st + (0,) * pad)):
+            fields[f"shape{i}"], fields[f"src_stride{i}"], fields[f"dst_stride{i}"] = d, s1, s2
+        return self._emit(Opcode.COPY, 0, fields,
+                          name or f"COPY {dt.name.lower()} shape={list(dims)}")
+
+    def transpose(self, *, dtype: DType | int | str, shape: tuple[IntLike, ...] | list[IntLike],
+                  perm: tuple[int, ...] | list[int], src: IntLike, dst: IntLike,
+                  name: str | None = None) -> int:
+        """dst (dense, shape permuted) = src (dense `shape`) transposed by `perm`, as
+        numpy.transpose(src, perm): one strided COPY."""
+        dims = tuple(_uint(d, "TRANSPOSE shape", U32_MAX, minimum=1) for d in shape)
+        if sorted(perm) != list(range(len(dims))):
+            raise ValueError(f"perm {perm!r} is not a permutation of {len(dims)} axes")
+        sst = contiguous_strides(dims)
+        out_shape = tuple(dims[p] for p in perm)
+        return self.copy(dtype=dtype, shape=out_shape, src=src, dst=dst,
+                         src_strides=tuple(sst[p] for p in perm),
+                         name=name or f"TRANSPOSE shape={list(dims)} perm={list(perm)}")
+
+    def conv2d(self, *, dtype: DType | int | str, n: IntLike, c: IntLike, h: IntLike,
+               w: IntLike, k: IntLike, r: IntLike, s: IntLike, x: IntLike,
+               weight: IntLike, y: IntLike, bias: IntLike | None = None,
+               stride: IntLike | tuple[IntLike, IntLike] = 1,
+               padding: IntLike | tuple[IntLike, IntLike, IntLike, IntLike] = 0,
+               dilation: IntLike | tuple[IntLike, IntLike] = 1, groups: IntLike = 1,
+               activation: Activation | int | str | None = None,
+               name: str | None = None) -> int:
+        """y[n,k,oh,ow] = act(conv(x[n,c,h,w], weight[k,c/groups,r,s]) + bias[k]).
+
+        `padding` is one int or (top, left, bottom, right); `stride` and `dilation` one
+        int or (h, w). Each pad must be below the dilated kernel extent."""
+        dt = _float_dtype(dtype, "CONV2D")
+        dims = {nm: _uint(v, f"CONV2D {nm}", U32_MAX, minimum=1)
+                for nm, v in (("n", n), ("c", c), ("h", h), ("w", w), ("k", k), ("r", r),
+                              ("s", s), ("groups", groups))}
+        sh, sw = _pair(stride, "CONV2D stride", U16_MAX, 1)
+        dh, dw = _pair(dilation, "CONV2D dilation", U16_MAX, 1)
+        if isinstance(padding, (tuple, list)):
+            if len(padding) != 4:
+                raise ValueError("CONV2D padding must be one int or (top, left, bottom, right)")
+            pads = tuple(_uint(p, "CONV2D padding", U16_MAX) for p in padding)
+        else:
+            pads = (_uint(padding, "CONV2D padding", U16_MAX),) * 4
+        pt, pl, pb, pr = pads
+        g = dims["groups"]
+        if dims["c"] % g or dims["k"] % g:
+            raise ValueError(f"CONV2D c={dims['c']} and k={dims['k']} must be multiples of "
+                             f"groups={g}")
+        eh, ew = dh * (dims["r"] - 1) + 1, dw * (dims["s"] - 1) + 1
+        if max(pt, pb) >= eh or max(pl, pr) >= ew:
+            raise ValueError(f"CONV2D padding {pads} must be below the dilated kernel "
+                             f"extent ({eh}, {ew})")
+        oh, ow = conv2d_output_hw(dims["h"], dims["w"], dims["r"], dims["s"], (sh, sw),
+                                  (pt, pl, pb, pr), (dh, dw))
+        act = as_activation(activation)
+        es = isa.DTYPE_SIZE[dt]
+        fields: dict[str, int | float] = {
+            "dtype": dt, "activation": act, **dims, "stride_h": sh, "stride_w": sw,
+            "dilation_h": dh, "dilation_w": dw, "pad_top": pt, "pad_left": pl,
+            "pad_bottom": pb, "pad_right": pr,
+            "x": _addr(x, "CONV2D x"), "weight": _addr(weight, "CONV2D weight"),
+            "y": _addr(y, "CONV2D y")}
+        nn, cc, kk = dims["n"], dims["c"], dims["k"]
+        _range(int(fields["x"]), nn * cc * dims["h"] * dims["w"] * es, "CONV2D x")
+        _range(int(fields["weight"]), kk * (cc // g) * dims["r"] * dims["s"] * es,
+               "CONV2D weight")
+        _range(int(fields["y"]), nn * kk * oh * ow * es, "CONV2D y")
+        flags = 0
+        if bias is not None:
+            flags = isa.CONV_BIAS
+            fields["bias"] = _addr(bias, "CONV2D bias")
+            _range(int(fields["bias"]), kk * es, "CONV2D bias")
+        return self._emit(Opcode.CONV2D, flags, fields, name or (
+            f"CONV2D {dt.name.lower()} n={nn} c={cc} {dims['h']}x{dims['w']} k={kk} "
+            f"{dims['r']}x{dims['s']} -> {oh}x{ow}"))
+
+    def _rows(self, opcode: Opcode, dtype: Any, rows: IntLike, cols: IntLike,
+              x: IntLike) -> tuple[DType, int, int, int]:
+        what = opcode.name
+        dt = _float_dtype(dtype, what)
+        rows = _uint(rows, f"{what} rows", U32_MAX, minimum=1)
+        cols = _uint(cols, f"{what} cols", U32_MAX, minimum=1)
+        xa = _addr(x, f"{what} x")
+        _range(xa, rows * cols * isa.DTYPE_SIZE[dt], f"{what} x")
+        return dt, rows, cols, xa
+
+    def softmax(self, *, dtype: DType | int | str, rows: IntLike, cols: IntLike,
+                x: IntLike, y: IntLike, name: str | None = None) -> int:
+        """y = softmax(x) over the last axis of [rows, cols] (max-subtracted, f32 math)."""
+        dt, rows, cols, xa = self._rows(Opcode.SOFTMAX, dtype, rows, cols, x)
+        ya = _addr(y, "SOFTMAX y")
+        _range(ya, rows * cols * isa.DTYPE_SIZE[dt], "SOFTMAX y")
+        return self._emit(Opcode.SOFTMAX, 0, {"dtype": dt, "rows": rows, "cols": cols,
+                                              "x": xa, "y": ya},
+                          name or f"SOFTMAX {dt.name.lower()} {rows}x{cols}")
+
+    def layernorm(self, *, dtype: DType | int | str, rows: IntLike, cols: IntLike,
+                  x: IntLike, gamma: IntLike, beta: IntLike, y: IntLike,
+                  epsilon: float = 1e-5, name: str | None = None) -> int:
+        """y = (x - mean) / sqrt(var + epsilon) * gamma + beta over the last axis."""
+        dt, rows, cols, xa = self._rows(Opcode.LAYERNORM, dtype, rows, cols, x)
+        eps = check_f32(epsilon, "LAYERNORM epsilon")
+        if eps < 0:
+            raise ValueError(f"LAYERNORM epsilon = {eps!r} must be >= 0")
+        es = isa.DTYPE_SIZE[dt]
+        fields: dict[str, int | float] = {"dtype": dt, "rows": rows, "cols": cols,
+                                          "epsilon": eps, "x": xa}
+        for key, v, size in (("gamma", gamma, cols), ("beta", beta, cols),
+                             ("y", y, rows * cols)):
+            fields[key] = _addr(v, f"LAYERNORM {key}")
+            _range(int(fields[key]), size * es, f"LAYERNORM {key}")
+        return self._emit(Opcode.LAYERNORM, 0, fields,
+                          name or f"LAYERNORM {dt.name.lower()} {rows}x{cols}")
+
+    def reduce(self, op: ReduceOp | int | str, *, dtype: DType | int | str, rows: IntLike,
+               cols: IntLike, x: IntLike, y: IntLike, name: str | None = None) -> int:
+        """y[rows] = op(x[rows, cols]) over the last axis: sum, max, mean, min."""
+        rop = as_reduceop(op)
+        dt, rows, cols, xa = self._rows(Opcode.REDUCE, dtype, rows, cols, x)
+        ya = _addr(y, "REDUCE y")
+        _range(ya, rows * isa.DTYPE_SIZE[dt], "REDUCE y")
+        return self._emit(Opcode.REDUCE, 0, {"op": rop, "dtype": dt, "rows": rows,
+                                             "cols": cols, "x": xa, "y": ya},
+                          name or f"REDUCE {rop.name.lower()} {dt.name.lower()} "
+                                  f"{rows}x{cols}")
+
+    def _quant(self, opcode: Opcode, dtype: Any, int_dtype: Any, count: IntLike,
+               x: IntLike, y: IntLike, scale: float, zero_point: IntLike,
+               name: str | None) -> int:
+        what = opcode.name
+        dt = _float_dtype(dtype, what)
+        idt = as_dtype(int_dtype)
+        allowed = (DType.I8,) if opcode == Opcode.QUANTIZE else (DType.I8, DType.I32)
+        if idt not in allowed:
+            raise ValueError(f"{what} integer dtype {idt.name} is not supported")
+        count = _uint(count, f"{what} count", U64_MAX, minimum=1)
+        sc = check_f32(scale, f"{what} scale")
+        if not sc > 0:
+            raise ValueError(f"{what} scale = {sc!r} must be > 0")
+        zp = _int(zero_point, f"{what} zero_point")
+        lo, hi = (-128, 127) if idt == DType.I8 else (-(1 << 31), (1 << 31) - 1)
+        if not lo <= zp <= hi:
+            raise ValueError(f"{what} zero_point = {zp} is out of range [{lo}, {hi}]")
+        xa, ya = _addr(x, f"{what} x"), _addr(y, f"{what} y")
+        fsize, isize = isa.DTYPE_SIZE[dt], isa.DTYPE_SIZE[idt]
+        quant = opcode == Opcode.QUANTIZE
+        _range(xa, count * (fsize if quant else isize), f"{what} x")
+        _range(ya, count * (isize if quant else fsize), f"{what} y")
+        return self._emit(opcode, 0, {"dtype": dt, "int_dtype": idt, "scale": sc,
+                                      "zero_point": zp, "count": count, "x": xa, "y": ya},
+                          name or f"{what} {dt.name.lower()}<->{idt.name.lower()} "
+                                  f"count={count} scale={sc:g} zp={zp}")
+
+    def quantize(self, *, count: IntLike, x: IntLike, y: IntLike, scale: float,
+                 zero_point: IntLike = 0, dtype: DType | int | str = DType.F32,
+                 name: str | None = None) -> int:
+        """y(i8) = saturate(round_half_even(x / scale) + zero_point), ONNX QuantizeLinear;
+        `dtype` is the float input's (F32 or F16)."""
+        return self._quant(Opcode.QUANTIZE, dtype, DType.I8, count, x, y, scale, zero_point,
+                           name)
+
+    def dequantize(self, *, count: IntLike, x: IntLike, y: IntLike, scale: float,
+                   zero_point: IntLike = 0, dtype: DType | int | str = DType.F32,
+                   src_dtype: DType | int | str = DType.I8, name: str | None = None) -> int:
+        """y(dtype) = (x - zero_point) * scale, ONNX DequantizeLinear; x is I8 or I32."""
+        return self._quant(Opcode.DEQUANTIZE, dtype, src_dtype, count, x, y, scale,
+                           zero_point, name)
+
+    def call(self, addr: IntLike, size: IntLike, *, name: str | None = None) -> int:
+        """CALL the command buffer of `size` bytes (> 0, a multiple of 8) at host IOVA
+        `addr`; it is validated with the caller, before anything runs."""
+        addr = _addr(addr, "CALL addr")
+        size = _uint(size, "CALL size", U32_MAX, minimum=isa.ALIGN)
+        if size % isa.ALIGN:
+            raise ValueError(f"CALL size {size} is not a multiple of {isa.ALIGN}")
+        _range(addr, size, "CALL addr")
+        return self._emit(Opcode.CALL, 0, {"addr": addr, "size": size},
+                          name or f"CALL addr={addr:#x} size={size}")
 
     def signal(self, addr: IntLike, value: IntLike, *, name: str | None = None) -> int:
         """Write the 8-byte `value` to host IOVA `addr`."""
@@ -449,12 +735,20 @@ def _format_field(cmd: DecodedCommand, key: str, value: int | float) -> str:
             return f"activation={Activation(value).name}"
         except ValueError:
             pass
-    elif key == "op" and cmd.opcode == Opcode.ELEMENTWISE:
+    elif key == "int_dtype":
         try:
-            return f"op={EltOp(value).name}"
+            return f"int_dtype={DType(value).name}"
         except ValueError:
             pass
-    elif key in ("src", "dst", "a", "b", "c", "bias", "out", "addr", "pattern"):
+    elif key == "op" and cmd.opcode in (Opcode.ELEMENTWISE, Opcode.REDUCE):
+        enum: type[EltOp] | type[ReduceOp] = (
+            EltOp if cmd.opcode == Opcode.ELEMENTWISE else ReduceOp)
+        try:
+            return f"op={enum(value).name}"
+        except ValueError:
+            pass
+    elif key in ("src", "dst", "a", "b", "c", "bias", "out", "addr", "pattern", "x", "y",
+                 "weight", "gamma", "beta"):
         return f"{key}={value:#x}"
     return f"{key}={value}"
 

@@ -11,6 +11,9 @@ from ._builder import (
     as_activation,
     as_dtype,
     as_eltop,
+    as_reduceop,
+    contiguous_strides,
+    conv2d_output_hw,
     decode,
     disassemble,
 )
@@ -22,6 +25,9 @@ __all__ = [
     "as_activation",
     "as_dtype",
     "as_eltop",
+    "as_reduceop",
+    "contiguous_strides",
+    "conv2d_output_hw",
     "decode",
     "disassemble",
 ]

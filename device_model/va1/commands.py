@@ -7,10 +7,15 @@ their roofline cost, so the engine only has to do the math.
 """
 from __future__ import annotations
 
+import math
 import struct
 from dataclasses import dataclass, field
+from enum import IntEnum
+from functools import partial
+from typing import Callable
 
 import numpy as np
+from numpy.lib.stride_tricks import as_strided
 
 from hwspec import isa
 from hwspec.isa import DType, Opcode
@@ -19,6 +24,7 @@ from hwspec.va1 import Status
 from ..ports import DmaFault, DmaPort
 from .config import Va1Config
 from .memory import DeviceMemory
+from .ops import kernels
 from .timing import roofline_ns
 
 _U64 = 1 << 64
@@ -27,17 +33,22 @@ _HDR_SIZE = isa.HEADER.size
 _OPCODES = {int(o): o for o in Opcode}
 _LENGTH = {o: isa.command_length(o) for o in Opcode}
 _PAYLOAD_FMT = {o: isa.PAYLOAD[o].format for o in Opcode}
-_MATH_DTYPES = frozenset({DType.F32, DType.F16})
+_MATH_DTYPES = isa.FLOAT_DTYPES
+_GEMM_DTYPES = frozenset({DType.F32, DType.F16, DType.I8})
+_ALL_DTYPES = frozenset(DType)
+_DTYPE_VALUES = frozenset(int(d) for d in DType)
 
 
 class CommandError(Exception):
     """The first invalid command: status (hwspec.va1.Status) and its byte offset."""
 
-    def __init__(self, status: Status, offset: int, message: str) -> None:
+    def __init__(self, status: Status, offset: int, message: str,
+                 path: tuple[int, ...] = ()) -> None:
         super().__init__(f"{status.name} at offset {offset}: {message}")
         self.status = status
-        self.offset = offset
+        self.offset = offset      # in the top-level buffer (of the outermost CALL)
         self.message = message
+        self.path = path          # offsets inside each nested callee, outermost first
 
 
 @dataclass
@@ -62,11 +73,13 @@ class Command:
     alpha: float = 1.0
     beta: float = 0.0
     extra: dict[str, int] = field(default_factory=dict)
+    run: Callable[[], None] | None = None  # the bound kernel of the newer opcodes
+    path: tuple[int, ...] = ()             # offsets inside nested callees (CALL)
 
     @property
     def host_bytes(self) -> int:
         """Bytes this command moves across the host link (for dma_bytes)."""
-        if self.opcode in (Opcode.DMA_H2D, Opcode.DMA_D2H):
+        if self.opcode in (Opcode.DMA_H2D, Opcode.DMA_D2H, Opcode.CALL):
             return self.size
         if self.opcode in (Opcode.SIGNAL, Opcode.TIMESTAMP):
             return 8
@@ -81,6 +94,7 @@ class DecodeEnv:
     dma: DmaPort
     fp16: bool        # VA1_F_FP16 negotiated
     timestamp: bool   # VA1_F_TIMESTAMP negotiated
+    int8: bool = False  # VA1_F_INT8 negotiated (I8 and I32 tensors)
 
 
 class _Checker:
@@ -95,15 +109,32 @@ class _Checker:
         if value:
             raise self.fail(Status.BAD_ARG, f"{what} = {value:#x}, must be 0")
 
-    def dtype(self, value: int) -> DType:
-        if value not in DType.__members__.values():
+    def dtype(self, value: int, allowed: frozenset[DType] = _MATH_DTYPES) -> DType:
+        if value not in _DTYPE_VALUES:
             raise self.fail(Status.BAD_DTYPE, f"unknown dtype {value}")
         dt = DType(value)
-        if not self.env.config.dtype_mask >> dt & 1 or dt not in _MATH_DTYPES:
+        if not self.env.config.dtype_mask >> dt & 1 or dt not in allowed:
             raise self.fail(Status.BAD_DTYPE, f"dtype {dt.name} not supported here")
         if dt == DType.F16 and not self.env.fp16:
             raise self.fail(Status.BAD_DTYPE, "F16 without VA1_F_FP16 negotiated")
+        if dt in isa.INT_DTYPES and not self.env.int8:
+            raise self.fail(Status.BAD_DTYPE, f"{dt.name} without VA1_F_INT8 negotiated")
         return dt
+
+    def enum(self, enum: type[IntEnum], value: int, what: str) -> int:
+        if value not in enum.__members__.values():
+            raise self.fail(Status.BAD_ARG, f"{what} {value}")
+        return value
+
+    def shape(self, **dims: int) -> None:
+        for name, v in dims.items():
+            if v == 0:
+                raise self.fail(Status.BAD_SHAPE, f"{name} = 0")
+
+    def typed(self, addr: int, dt: DType, shape: tuple[int, ...], what: str) -> np.ndarray:
+        """A zero-copy view of a dense tensor, after the size and bounds checks."""
+        size = self.nbytes(*shape, isa.DTYPE_SIZE[dt])
+        return self.device(addr, size, what).view(isa.DTYPE_NUMPY[dt]).reshape(shape)
 
     def nbytes(self, *factors: int) -> int:
         n = 1
@@ -131,8 +162,22 @@ class _Checker:
             raise self.fail(Status.DMA_FAULT, f"{what}: {e}") from None
 
 
+class _Budget:
+    """Bytes of the expanded submission so far (CALL expansion bound)."""
+
+    def __init__(self, used: int, limit: int) -> None:
+        self.used = used
+        self.limit = limit
+
+
 def decode(buf: bytes, env: DecodeEnv) -> list[Command]:
-    """Validate a whole command buffer; raises CommandError for the first bad command."""
+    """Validate a whole command buffer, every callee included; raises CommandError for
+    the first bad command (a callee's error carries the offset of the top-level CALL)."""
+    budget = _Budget(len(buf), isa.CALL_EXPANSION_FACTOR * env.config.max_cmdbuf_size)
+    return _decode(buf, env, 0, budget)
+
+
+def _decode(buf: bytes, env: DecodeEnv, depth: int, budget: _Budget) -> list[Command]:
     cmds: list[Command] = []
     pos = 0
     end = len(buf)
@@ -150,7 +195,10 @@ def decode(buf: bytes, env: DecodeEnv) -> list[Command]:
                 opcode != Opcode.NOP and length != _LENGTH[opcode]):
             raise ck.fail(Status.BAD_LENGTH, f"length {length} for {opcode.name}")
         payload = struct.unpack_from(_PAYLOAD_FMT[opcode], buf, pos + _HDR_SIZE)
-        cmds.append(_resolve(ck, opcode, flags, payload))
+        if opcode == Opcode.CALL:
+            cmds.extend(_resolve_call(ck, flags, payload, depth, budget))
+        else:
+            cmds.append(_resolve(ck, opcode, flags, payload))
         pos += length
     return cmds
 
@@ -159,8 +207,11 @@ def _resolve(ck: _Checker, opcode: Opcode, flags: int, p: tuple) -> Command:  # 
     cfg = ck.env.config
     ov = cfg.cmd_overhead_ns
     off = ck.offset
-    if opcode != Opcode.GEMM:
+    if opcode not in _FLAGGED:
         ck.zero(flags, "header flags")
+    newer = _RESOLVERS.get(opcode)
+    if newer is not None:
+        return newer(ck, flags, p)
     if opcode == Opcode.NOP:
         return Command(opcode, off, roofline_ns(ov))
     if opcode == Opcode.FILL:
@@ -192,10 +243,6 @@ def _resolve(ck: _Checker, opcode: Opcode, flags: int, p: tuple) -> Command:  # 
         return Command(opcode, off, roofline_ns(ov, nbytes=2 * size,
                                                 bandwidth=cfg.mem_bandwidth),
                        src=sview, dst=dview, size=size)
-    if opcode == Opcode.GEMM:
-        return _resolve_gemm(ck, flags, p)
-    if opcode == Opcode.ELEMENTWISE:
-        return _resolve_elementwise(ck, p)
     if opcode == Opcode.SIGNAL:
         addr, value = p
         ck.host(addr, 8, "addr")
@@ -206,60 +253,290 @@ def _resolve(ck: _Checker, opcode: Opcode, flags: int, p: tuple) -> Command:  # 
     return Command(opcode, off, roofline_ns(ov), host_addr=addr)
 
 
-def _resolve_gemm(ck: _Checker, flags: int, p: tuple) -> Command:  # type: ignore[type-arg]
+def _peak(cfg: Va1Config, dt: DType) -> int:
+    """Peak ops/s for a dtype: f16 twice f32, int8 four times."""
+    return cfg.peak_flops * {DType.F16: 2, DType.I8: 4}.get(dt, 1)
+
+
+def _cost(ck: _Checker, dt: DType, flops: int, nbytes: int) -> int:
     cfg = ck.env.config
+    return roofline_ns(cfg.cmd_overhead_ns, flops=flops, peak_flops=_peak(cfg, dt),
+                       nbytes=nbytes, bandwidth=cfg.mem_bandwidth)
+
+
+def _finite_f32(ck: _Checker, value: float, what: str, positive: bool = False) -> None:
+    if not math.isfinite(value) or value < 0 or (positive and value == 0):
+        kind = "finite and > 0" if positive else "finite and >= 0"
+        raise ck.fail(Status.BAD_ARG, f"{what} = {value!r}, must be {kind}")
+
+
+def _resolve_gemm(ck: _Checker, flags: int, p: tuple) -> Command:  # type: ignore[type-arg]
     dtype_v, act, reserved, m, n, k, a, b, c, bias, alpha, beta = p
     if flags & ~isa.GEMM_FLAGS_ALL:
         raise ck.fail(Status.BAD_ARG, f"GEMM flags {flags:#x}")
     ck.zero(reserved, "reserved")
-    if act not in isa.Activation.__members__.values():
-        raise ck.fail(Status.BAD_ARG, f"activation {act}")
-    dt = ck.dtype(dtype_v)
+    ck.enum(isa.Activation, act, "activation")
+    dt = ck.dtype(dtype_v, _GEMM_DTYPES)
+    if dt == DType.I8:
+        if act not in (isa.Activation.NONE, isa.Activation.RELU):
+            raise ck.fail(Status.BAD_ARG, f"activation {act} with I8 (NONE or RELU only)")
+        if alpha != 1.0 or beta not in (0.0, 1.0):
+            raise ck.fail(Status.BAD_ARG, f"I8 GEMM alpha={alpha} beta={beta} "
+                                          "(alpha 1, beta 0 or 1)")
     es = isa.DTYPE_SIZE[dt]
+    out_dt = DType.I32 if dt == DType.I8 else dt
+    oes = isa.DTYPE_SIZE[out_dt]
     if m == 0 or n == 0 or k == 0:
         raise ck.fail(Status.BAD_SHAPE, f"GEMM m={m} n={n} k={k}")
     a_bytes = ck.nbytes(m, k, es)
     b_bytes = ck.nbytes(k, n, es)
-    c_bytes = ck.nbytes(m, n, es)
+    c_bytes = ck.nbytes(m, n, oes)
     npdt = np.dtype(isa.DTYPE_NUMPY[dt])
     av = ck.device(a, a_bytes, "A").view(npdt)
     bv = ck.device(b, b_bytes, "B").view(npdt)
-    cv = ck.device(c, c_bytes, "C").view(npdt).reshape(m, n)
+    cv = ck.device(c, c_bytes, "C").view(isa.DTYPE_NUMPY[out_dt]).reshape(m, n)
     av = av.reshape(k, m).T if flags & isa.GEMM_TRANS_A else av.reshape(m, k)
     bv = bv.reshape(n, k).T if flags & isa.GEMM_TRANS_B else bv.reshape(k, n)
     biasv = None
     bias_bytes = 0
     if flags & isa.GEMM_BIAS:
-        bias_bytes = ck.nbytes(n, es)
-        biasv = ck.device(bias, bias_bytes, "bias").view(npdt)
+        bias_bytes = ck.nbytes(n, oes)
+        biasv = ck.device(bias, bias_bytes, "bias").view(isa.DTYPE_NUMPY[out_dt])
     nbytes = a_bytes + b_bytes + c_bytes + (c_bytes if beta != 0 else 0) + bias_bytes
-    peak = cfg.peak_flops * (2 if dt == DType.F16 else 1)
-    cost = roofline_ns(cfg.cmd_overhead_ns, flops=2 * m * n * k, peak_flops=peak,
-                       nbytes=nbytes, bandwidth=cfg.mem_bandwidth)
+    cost = _cost(ck, dt, 2 * m * n * k, nbytes)
+    run = None
+    if dt == DType.I8:
+        run = partial(kernels.gemm_i8, av, bv, cv, biasv, beta == 1.0,
+                      act == isa.Activation.RELU)
     return Command(Opcode.GEMM, ck.offset, cost, dtype=dt, activation=act, a=av, b=bv, c=cv,
-                   bias=biasv, alpha=alpha, beta=beta, extra={"m": m, "n": n, "k": k})
+                   bias=biasv, alpha=alpha, beta=beta, extra={"m": m, "n": n, "k": k},
+                   run=run)
 
 
-def _resolve_elementwise(ck: _Checker, p: tuple) -> Command:  # type: ignore[type-arg]
-    cfg = ck.env.config
-    op, dtype_v, reserved, reserved2, count, a, b, out = p
+def _resolve_elementwise(ck: _Checker, flags: int, p: tuple) -> Command:  # type: ignore[type-arg]
+    op, dtype_v, reserved, cols, count, a, b, out = p
+    if flags & ~isa.ELT_FLAGS_ALL:
+        raise ck.fail(Status.BAD_ARG, f"ELEMENTWISE flags {flags:#x}")
     ck.zero(reserved, "reserved")
-    ck.zero(reserved2, "reserved2")
-    if op not in isa.EltOp.__members__.values():
-        raise ck.fail(Status.BAD_ARG, f"elementwise op {op}")
+    ck.enum(isa.EltOp, op, "elementwise op")
+    unary = op in isa.UNARY_ELT_OPS
+    bcast = bool(flags & isa.ELT_BROADCAST_B)
+    if bcast and unary:
+        raise ck.fail(Status.BAD_ARG, f"BROADCAST_B with unary {isa.EltOp(op).name}")
+    if not bcast:
+        ck.zero(cols, "cols (without BROADCAST_B)")
     dt = ck.dtype(dtype_v)
     es = isa.DTYPE_SIZE[dt]
     if count == 0:
         raise ck.fail(Status.BAD_SHAPE, "zero count")
+    if bcast and (cols == 0 or count % cols):
+        raise ck.fail(Status.BAD_SHAPE, f"count {count} not a multiple of cols {cols}")
     size = ck.nbytes(count, es)
     npdt = np.dtype(isa.DTYPE_NUMPY[dt])
-    unary = op in isa.UNARY_ELT_OPS
     av = ck.device(a, size, "a").view(npdt)
-    bv = None if unary else ck.device(b, size, "b").view(npdt)
+    b_size = 0 if unary else (cols * es if bcast else size)
+    bv = None if unary else ck.device(b, b_size, "b").view(npdt)
     ov = ck.device(out, size, "out").view(npdt)
-    nbytes = size * (2 if unary else 3)
-    cost = roofline_ns(cfg.cmd_overhead_ns, flops=count, peak_flops=cfg.peak_flops
-                       * (2 if dt == DType.F16 else 1), nbytes=nbytes,
-                       bandwidth=cfg.mem_bandwidth)
+    if bcast:
+        av = av.reshape(count // cols, cols)
+        ov = ov.reshape(count // cols, cols)
+    cost = _cost(ck, dt, count, 2 * size + b_size)
     return Command(Opcode.ELEMENTWISE, ck.offset, cost, dtype=dt, op=op, a=av, b=bv, dst=ov,
                    size=size)
+
+
+def _resolve_copy(ck: _Checker, flags: int, p: tuple) -> Command:  # type: ignore[type-arg]
+    dtype_v, ndim, reserved, reserved2, src, dst = p[:6]
+    shape_all, sst_all, dst_all = p[6:10], p[10:14], p[14:18]
+    ck.zero(reserved, "reserved")
+    ck.zero(reserved2, "reserved2")
+    if not 1 <= ndim <= isa.COPY_MAX_DIMS:
+        raise ck.fail(Status.BAD_ARG, f"ndim {ndim}")
+    for i in range(ndim, isa.COPY_MAX_DIMS):
+        ck.zero(shape_all[i], f"shape{i} (beyond ndim)")
+        ck.zero(sst_all[i], f"src_stride{i} (beyond ndim)")
+        ck.zero(dst_all[i], f"dst_stride{i} (beyond ndim)")
+    dt = ck.dtype(dtype_v, _ALL_DTYPES)
+    es = isa.DTYPE_SIZE[dt]
+    shape = tuple(shape_all[:ndim])
+    ck.shape(**{f"shape{i}": v for i, v in enumerate(shape)})
+    count = ck.nbytes(*shape)
+    # Dimensions of extent 1 contribute no offset: their strides are ignored (0).
+    sst = tuple(st if d > 1 else 0 for d, st in zip(shape, sst_all))
+    dstr = tuple(st if d > 1 else 0 for d, st in zip(shape, dst_all))
+    # dst must not write one element twice: sorted by stride, every dimension must
+    # step over the whole extent of the smaller ones.
+    span = 1
+    for st, d in sorted((st, d) for st, d in zip(dstr, shape) if d > 1):
+        if st < span:
+            raise ck.fail(Status.BAD_SHAPE, "dst strides make elements overlap")
+        span = st * d
+
+    def extent(strides: tuple[int, ...]) -> int:
+        return ck.nbytes(sum((d - 1) * st for d, st in zip(shape, strides)) + 1, es)
+
+    s_ext, d_ext = extent(sst), extent(dstr)
+    npdt = np.dtype(isa.DTYPE_NUMPY[dt])
+    sbase = ck.device(src, s_ext, "src").view(npdt)
+    dbase = ck.device(dst, d_ext, "dst").view(npdt)
+    sv = as_strided(sbase, shape, tuple(st * es for st in sst), writeable=False)
+    dv = as_strided(dbase, shape, tuple(st * es for st in dstr))
+    nbytes = 2 * count * es
+    cost = roofline_ns(ck.env.config.cmd_overhead_ns, nbytes=nbytes,
+                       bandwidth=ck.env.config.mem_bandwidth)
+    return Command(Opcode.COPY, ck.offset, cost, dtype=dt, src=sv, dst=dv, size=count * es,
+                   run=partial(kernels.copy, sv, dv))
+
+
+def _resolve_conv2d(ck: _Checker, flags: int, p: tuple) -> Command:  # type: ignore[type-arg]
+    (dtype_v, act, reserved, groups, n, c, h, w, k, r, s, sh, sw, dh, dw,
+     pt, pl, pb, pr, reserved2, x, wgt, bias, y) = p
+    if flags & ~isa.CONV_FLAGS_ALL:
+        raise ck.fail(Status.BAD_ARG, f"CONV2D flags {flags:#x}")
+    ck.zero(reserved, "reserved")
+    ck.zero(reserved2, "reserved2")
+    ck.enum(isa.Activation, act, "activation")
+    dt = ck.dtype(dtype_v)
+    ck.shape(groups=groups, n=n, c=c, h=h, w=w, k=k, r=r, s=s, stride_h=sh, stride_w=sw,
+             dilation_h=dh, dilation_w=dw)
+    if c % groups or k % groups:
+        raise ck.fail(Status.BAD_SHAPE, f"c={c} and k={k} not multiples of groups={groups}")
+    ext_h, ext_w = dh * (r - 1) + 1, dw * (s - 1) + 1
+    if max(pt, pb) >= ext_h or max(pl, pr) >= ext_w:
+        raise ck.fail(Status.BAD_SHAPE, f"padding ({pt},{pl},{pb},{pr}) not below the "
+                                        f"dilated kernel extent ({ext_h},{ext_w})")
+    if h + pt + pb < ext_h or w + pl + pr < ext_w:
+        raise ck.fail(Status.BAD_SHAPE, "kernel larger than the padded input")
+    oh = (h + pt + pb - ext_h) // sh + 1
+    ow = (w + pl + pr - ext_w) // sw + 1
+    cg = c // groups
+    xv = ck.typed(x, dt, (n, c, h, w), "x")
+    wv = ck.typed(wgt, dt, (k, cg, r, s), "weight")
+    bv = ck.typed(bias, dt, (k,), "bias") if flags & isa.CONV_BIAS else None
+    yv = ck.typed(y, dt, (n, k, oh, ow), "y")
+    nbytes = xv.nbytes + wv.nbytes + yv.nbytes + (0 if bv is None else bv.nbytes)
+    cost = _cost(ck, dt, 2 * n * k * oh * ow * cg * r * s, nbytes)
+    run = partial(kernels.conv2d, xv, wv, bv, yv, groups=groups, stride=(sh, sw),
+                  dilation=(dh, dw), pads=(pt, pl, pb, pr), activation=act)
+    return Command(Opcode.CONV2D, ck.offset, cost, dtype=dt, activation=act, run=run,
+                   extra={"oh": oh, "ow": ow})
+
+
+def _rows_cols(ck: _Checker, dt: DType, rows: int, cols: int, x: int) -> np.ndarray:
+    ck.shape(rows=rows, cols=cols)
+    return ck.typed(x, dt, (rows, cols), "x")
+
+
+def _resolve_softmax(ck: _Checker, flags: int, p: tuple) -> Command:  # type: ignore[type-arg]
+    dtype_v, reserved, reserved2, rows, cols, reserved3, x, y = p
+    for i, v in enumerate((reserved, reserved2, reserved3)):
+        ck.zero(v, "reserved" + (str(i + 1) if i else ""))
+    dt = ck.dtype(dtype_v)
+    xv = _rows_cols(ck, dt, rows, cols, x)
+    yv = ck.typed(y, dt, (rows, cols), "y")
+    cost = _cost(ck, dt, 5 * rows * cols, 2 * xv.nbytes)
+    return Command(Opcode.SOFTMAX, ck.offset, cost, dtype=dt,
+                   run=partial(kernels.softmax, xv, yv))
+
+
+def _resolve_layernorm(ck: _Checker, flags: int, p: tuple) -> Command:  # type: ignore[type-arg]
+    dtype_v, reserved, reserved2, rows, cols, eps, x, gamma, beta, y = p
+    ck.zero(reserved, "reserved")
+    ck.zero(reserved2, "reserved2")
+    _finite_f32(ck, eps, "epsilon")
+    dt = ck.dtype(dtype_v)
+    xv = _rows_cols(ck, dt, rows, cols, x)
+    gv = ck.typed(gamma, dt, (cols,), "gamma")
+    bv = ck.typed(beta, dt, (cols,), "beta")
+    yv = ck.typed(y, dt, (rows, cols), "y")
+    cost = _cost(ck, dt, 8 * rows * cols, 2 * xv.nbytes + 2 * gv.nbytes)
+    return Command(Opcode.LAYERNORM, ck.offset, cost, dtype=dt,
+                   run=partial(kernels.layernorm, xv, gv, bv, yv, eps))
+
+
+def _resolve_reduce(ck: _Checker, flags: int, p: tuple) -> Command:  # type: ignore[type-arg]
+    op, dtype_v, reserved, rows, cols, reserved2, x, y = p
+    ck.zero(reserved, "reserved")
+    ck.zero(reserved2, "reserved2")
+    ck.enum(isa.ReduceOp, op, "reduce op")
+    dt = ck.dtype(dtype_v)
+    xv = _rows_cols(ck, dt, rows, cols, x)
+    yv = ck.typed(y, dt, (rows,), "y")
+    cost = _cost(ck, dt, rows * cols, xv.nbytes + yv.nbytes)
+    return Command(Opcode.REDUCE, ck.offset, cost, dtype=dt, op=op,
+                   run=partial(kernels.reduce, op, xv, yv))
+
+
+def _resolve_quant(ck: _Checker, opcode: Opcode, p: tuple) -> Command:  # type: ignore[type-arg]
+    dtype_v, int_v, reserved, scale, zp, reserved2, count, x, y = p
+    ck.zero(reserved, "reserved")
+    ck.zero(reserved2, "reserved2")
+    _finite_f32(ck, scale, "scale", positive=True)
+    dt = ck.dtype(dtype_v)
+    quant = opcode == Opcode.QUANTIZE
+    idt = ck.dtype(int_v, frozenset({DType.I8}) if quant else isa.INT_DTYPES)
+    if idt == DType.I8 and not -128 <= zp <= 127:
+        raise ck.fail(Status.BAD_ARG, f"zero_point {zp} outside int8")
+    ck.shape(count=count)
+    fv = ck.typed(x if quant else y, dt, (count,), "x" if quant else "y")
+    iv = ck.typed(y if quant else x, idt, (count,), "y" if quant else "x")
+    cost = _cost(ck, dt, 2 * count, fv.nbytes + iv.nbytes)
+    run = (partial(kernels.quantize, fv, iv, scale, zp) if quant
+           else partial(kernels.dequantize, iv, fv, scale, zp))
+    return Command(opcode, ck.offset, cost, dtype=dt, run=run)
+
+
+def _resolve_call(ck: _Checker, flags: int, p: tuple, depth: int,  # type: ignore[type-arg]
+                  budget: _Budget) -> list[Command]:
+    """Validate the callee now (before anything runs) and splice its commands in."""
+    env = ck.env
+    addr, size, reserved = p
+    ck.zero(flags, "header flags")
+    ck.zero(reserved, "reserved")
+    if size == 0 or size % isa.ALIGN:
+        raise ck.fail(Status.BAD_SHAPE, f"callee size {size} not a non-zero multiple of 8")
+    if size > env.config.max_cmdbuf_size:
+        raise ck.fail(Status.CMDBUF_TOO_LARGE, f"callee size {size} > max_cmdbuf_size")
+    if depth + 1 > env.config.max_call_depth:
+        raise ck.fail(Status.CALL_DEPTH, f"CALL at depth {depth + 1} > max_call_depth "
+                                         f"{env.config.max_call_depth}")
+    budget.used += size
+    if budget.used > budget.limit:
+        raise ck.fail(Status.CMDBUF_TOO_LARGE, f"expanded submission {budget.used} bytes "
+                                               f"> {budget.limit}")
+    ck.host(addr, size, "callee")
+    try:
+        body = env.dma.read(addr, size)
+    except DmaFault as e:  # pragma: no cover - host() has just checked the mapping
+        raise ck.fail(Status.DMA_FAULT, f"callee: {e}") from None
+    try:
+        inner = _decode(body, env, depth + 1, budget)
+    except CommandError as e:
+        raise CommandError(e.status, ck.offset,
+                           f"in CALL callee at inner offset {e.offset}"
+                           f"{'/' + '/'.join(map(str, e.path)) if e.path else ''}: "
+                           f"{e.message}", (e.offset,) + e.path) from None
+    cost = roofline_ns(env.config.cmd_overhead_ns, nbytes=size,
+                       bandwidth=env.config.link_bandwidth)
+    out = [Command(Opcode.CALL, ck.offset, cost, host_addr=addr, size=size)]
+    for cmd in inner:
+        cmd.path = (cmd.offset,) + cmd.path
+        cmd.offset = ck.offset
+        out.append(cmd)
+    return out
+
+
+_Resolver = Callable[[_Checker, int, tuple], Command]  # type: ignore[type-arg]
+_RESOLVERS: dict[Opcode, _Resolver] = {
+    Opcode.GEMM: _resolve_gemm,
+    Opcode.ELEMENTWISE: _resolve_elementwise,
+    Opcode.COPY: _resolve_copy,
+    Opcode.CONV2D: _resolve_conv2d,
+    Opcode.SOFTMAX: _resolve_softmax,
+    Opcode.LAYERNORM: _resolve_layernorm,
+    Opcode.REDUCE: _resolve_reduce,
+    Opcode.QUANTIZE: lambda ck, f, p: _resolve_quant(ck, Opcode.QUANTIZE, p),
+    Opcode.DEQUANTIZE: lambda ck, f, p: _resolve_quant(ck, Opcode.DEQUANTIZE, p),
+}
+# Opcodes whose resolver checks the header flags itself.
+_FLAGGED = frozenset({Opcode.GEMM, Opcode.ELEMENTWISE, Opcode.CONV2D})

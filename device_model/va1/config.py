@@ -18,7 +18,7 @@ class Va1Config:
     scratchpad_size: int = 1 * _MIB
     max_cmdbuf_size: int = 1 * _MIB
     isa_version: int = va1.ISA_VERSION
-    dtype_mask: int = (1 << isa.DType.F32) | (1 << isa.DType.F16)
+    dtype_mask: int = sum(1 << d for d in isa.DType)  # F32, F16, I8, I32
     peak_flops: int = 50 * 10**12
     mem_bandwidth: int = 10**12
     link_bandwidth: int = 32 * 10**9

@@ -26,7 +26,7 @@ from .requests import (CtrlRequest, SubmitRequest, bad_request_reply, ctrl_respo
 
 OFFERED_FEATURES = (
     1 << V.F_VERSION_1 | 1 << V.F_ACCESS_PLATFORM | 1 << V.F_RING_INDIRECT_DESC
-    | 1 << V.F_RING_EVENT_IDX | 1 << va1.F_FP16 | 1 << va1.F_TIMESTAMP)
+    | 1 << V.F_RING_EVENT_IDX | 1 << va1.F_FP16 | 1 << va1.F_INT8 | 1 << va1.F_TIMESTAMP)
 
 _NO_FAULT = frozenset({Status.OK, Status.ABORTED, Status.BAD_CONTEXT, Status.CONTEXT_FAULTED})
 _U64 = 1 << 64
@@ -274,7 +274,7 @@ class Va1Device(VirtioDevice):
         except DmaFault:
             return Status.DMA_FAULT, NO_OFFSET, []
         env = DecodeEnv(self.config, self.memory, self.dma, self._has(va1.F_FP16),
-                        self._has(va1.F_TIMESTAMP))
+                        self._has(va1.F_TIMESTAMP), int8=self._has(va1.F_INT8))
         try:
             return Status.OK, NO_OFFSET, decode(buf, env)
         except CommandError as e:

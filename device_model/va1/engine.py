@@ -25,6 +25,7 @@ from ..ports import Clock, DmaFault, DmaPort, Timer, Tracer
 from ..virtio.queue import DescriptorChain
 from .commands import Command
 from .metrics import Metrics
+from .ops.activations import apply_activation, gelu64, sigmoid64
 from .requests import SubmitRequest
 
 _F32 = np.dtype("<f4")
@@ -41,7 +42,10 @@ def execute(cmd: Command, dma: DmaPort, start_ns: int) -> None:
 
 def _execute(cmd: Command, dma: DmaPort, start_ns: int) -> None:
     op = cmd.opcode
-    if op == Opcode.NOP:
+    if cmd.run is not None:  # the newer opcodes carry their bound kernel
+        cmd.run()
+        return
+    if op in (Opcode.NOP, Opcode.CALL):  # a CALL's callee commands follow it
         return
     if op == Opcode.GEMM:
         _gemm(cmd)
@@ -68,12 +72,12 @@ def _execute(cmd: Command, dma: DmaPort, start_ns: int) -> None:
 def _gemm(cmd: Command) -> None:
     a, b, c = cmd.a, cmd.b, cmd.c
     assert a is not None and b is not None and c is not None
-    relu = cmd.activation == Activation.RELU
+    act = cmd.activation
     if (cmd.dtype == DType.F32 and cmd.alpha == 1.0 and cmd.beta == 0.0
-            and cmd.bias is None):
+            and cmd.bias is None and act in (Activation.NONE, Activation.RELU)):
         # Fast path: BLAS writes straight into device memory.
         np.matmul(a, b, out=c)
-        if relu:
+        if act == Activation.RELU:
             np.maximum(c, 0, out=c)
         return
     if cmd.dtype == DType.F32:
@@ -86,22 +90,27 @@ def _gemm(cmd: Command) -> None:
         t += np.float32(cmd.beta) * c.astype(_F32)
     if cmd.bias is not None:
         t += cmd.bias.astype(_F32)
-    if relu:
-        np.maximum(t, 0, out=t)
-    np.copyto(c, t, casting="unsafe")
+    np.copyto(c, apply_activation(t, act), casting="unsafe")
+
+
+_BINARY = {EltOp.ADD: np.add, EltOp.MUL: np.multiply, EltOp.SUB: np.subtract,
+           EltOp.DIV: np.divide}
 
 
 def _elementwise(cmd: Command) -> None:
+    """One numpy ufunc per command; f16 binary ops round once (numpy computes them in
+    f32), GELU and SIGMOID go through f64 and round once to the dtype."""
     a, b, out = cmd.a, cmd.b, cmd.dst
     assert a is not None and out is not None
     if cmd.op == EltOp.RELU:
         np.maximum(a, a.dtype.type(0), out=out)
-    elif cmd.op == EltOp.ADD:
-        assert b is not None
-        np.add(a, b, out=out)
+    elif cmd.op == EltOp.GELU:
+        np.copyto(out, gelu64(a), casting="unsafe")
+    elif cmd.op == EltOp.SIGMOID:
+        np.copyto(out, sigmoid64(a), casting="unsafe")
     else:
         assert b is not None
-        np.multiply(a, b, out=out)
+        _BINARY[EltOp(cmd.op)](a, b, out=out)  # b of shape [cols] broadcasts over rows
 
 
 # --- scheduling ----------------------------------------------------------------------
@@ -266,7 +275,8 @@ class CommandProcessor:
             except DmaFault as e:
                 sub.status, sub.error_offset, sub.end_ns = Status.DMA_FAULT, cmd.offset, end
                 self.tracer.emit("cmd_fault", queue=sub.queue, offset=cmd.offset,
-                                 reason=e.reason)
+                                 reason=e.reason,
+                                 **({"path": "/".join(map(str, cmd.path))} if cmd.path else {}))
                 run.next = len(run.cmds)
                 break
             if epoch != self._epoch:
@@ -274,7 +284,8 @@ class CommandProcessor:
             self.metrics.commands += 1
             self.metrics.dma_bytes += cmd.host_bytes
             self.tracer.emit("cmd", opcode=cmd.opcode.name, offset=cmd.offset,
-                             start_ns=start, end_ns=end, engine=sub.engine, queue=sub.queue)
+                             start_ns=start, end_ns=end, engine=sub.engine, queue=sub.queue,
+                             **({"path": "/".join(map(str, cmd.path))} if cmd.path else {}))
             run.next += 1
         if run.next < len(run.cmds):
             self.schedule(run.ends[run.next] - now, lambda: self._step(run), "va1-cmd")

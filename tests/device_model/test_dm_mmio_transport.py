@@ -44,8 +44,9 @@ def test_offered_features() -> None:
     for sel in range(3):
         m.write(0x014, 4, sel)
         got.append(m.read(0x010, 4))
-    # FP16 (0), TIMESTAMP (2), INDIRECT (28), EVENT_IDX (29); VERSION_1 (32), ACCESS_PLATFORM (33)
-    assert got == [(1 << 0) | (1 << 2) | (1 << 28) | (1 << 29), 0b11, 0]
+    # FP16 (0), INT8 (1), TIMESTAMP (2), INDIRECT (28), EVENT_IDX (29); VERSION_1 (32),
+    # ACCESS_PLATFORM (33)
+    assert got == [(1 << 0) | (1 << 1) | (1 << 2) | (1 << 28) | (1 << 29), 0b11, 0]
 
 
 def test_config_space_reads() -> None:
@@ -58,7 +59,7 @@ def test_config_space_reads() -> None:
     assert m.read(0x120, 8) == 50 * 10**12
     assert m.read(0x138, 4) == 500
     assert m.read(0x13C, 2) == 64 and m.read(0x13C, 1) == 64
-    assert m.read(0x11C, 4) == 0b11  # dtype mask F32|F16
+    assert m.read(0x11C, 4) == 0b1111  # dtype mask F32|F16|I8|I32
     assert m.read(0x118, 4) == 0x00010000
     image = b"".join(m.read(0x100 + i, 1).to_bytes(1, "little") for i in range(72))
     assert image == cfg.pack() and len(image) == va1.CONFIG.size
@@ -131,7 +132,7 @@ def _to_driver(m: MmioTransport) -> None:
     m.write(0x070, 4, ACK | DRV)
 
 
-@pytest.mark.parametrize("sel,value", [(0, 1 << 1), (0, 1 << 3), (1, 1 << 2), (2, 1), (0, 0)])
+@pytest.mark.parametrize("sel,value", [(0, 1 << 5), (0, 1 << 3), (1, 1 << 2), (2, 1), (0, 0)])
 def test_features_not_offered(sel: int, value: int) -> None:
     m, _, _ = fresh()
     _to_driver(m)

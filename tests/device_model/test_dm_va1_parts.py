@@ -18,7 +18,7 @@ def test_config_defaults_and_image() -> None:
     img = c.pack()
     assert len(img) == 72 == va1.CONFIG.size
     vals = struct.unpack("<IIQIIIIQQQIIII", img)
-    assert vals == (2, 4, 256 << 20, 1 << 20, 1 << 20, 0x00010000, 0b11, 50 * 10**12,
+    assert vals == (2, 4, 256 << 20, 1 << 20, 1 << 20, 0x00010000, 0b1111, 50 * 10**12,
                     10**12, 32 * 10**9, 500, 64, 8, 0)
     assert c.queue_size_max == 256
 

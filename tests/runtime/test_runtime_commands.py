@@ -85,7 +85,7 @@ def test_elementwise_fields(op: EltOp, raw_decode: RawDecode) -> None:
     b.elementwise(op, dtype=DType.F32, count=1000, a=0x10, b=0x2000, out=0x4000)
     c = only(b, raw_decode)
     assert c["opcode"] == Opcode.ELEMENTWISE and c["flags"] == 0
-    assert (c["op"], c["dtype"], c["reserved"], c["reserved2"]) == (op, DType.F32, 0, 0)
+    assert (c["op"], c["dtype"], c["reserved"], c["cols"]) == (op, DType.F32, 0, 0)
     assert (c["count"], c["a"], c["out"]) == (1000, 0x10, 0x4000)
     # unary ops ignore b: the builder encodes 0 rather than a stale address
     assert c["b"] == (0 if op in isa.UNARY_ELT_OPS else 0x2000)
@@ -135,11 +135,11 @@ def test_default_names_describe_the_command() -> None:
     (lambda b: b.dma_h2d(True, 0, 8), TypeError, "must be an integer"),
     (lambda b: b.fill(0, 6, 0), ValueError, "multiple of 4"),
     (lambda b: b.fill(0, 8, 2**32), ValueError, "FILL pattern"),
-    (lambda b: b.gemm(dtype="i8", m=1, n=1, k=1, a=0, b=0, c=0), ValueError, "GEMM dtype I8"),
+    (lambda b: b.gemm(dtype="i32", m=1, n=1, k=1, a=0, b=0, c=0), ValueError, "GEMM dtype I32"),
     (lambda b: b.gemm(dtype="f64", m=1, n=1, k=1, a=0, b=0, c=0), ValueError, "not a VA-1 dtype"),
     (lambda b: b.gemm(dtype="f32", m=0, n=1, k=1, a=0, b=0, c=0), ValueError, "GEMM m"),
     (lambda b: b.gemm(dtype="f32", m=1, n=2**32, k=1, a=0, b=0, c=0), ValueError, "GEMM n"),
-    (lambda b: b.gemm(dtype="f32", m=1, n=1, k=1, a=0, b=0, c=0, activation="gelu"),
+    (lambda b: b.gemm(dtype="f32", m=1, n=1, k=1, a=0, b=0, c=0, activation="swish"),
      ValueError, "activation"),
     (lambda b: b.gemm(dtype="f32", m=1, n=1, k=1, a=0, b=0, c=0, alpha=float("nan")),
      ValueError, "GEMM alpha"),
@@ -148,7 +148,7 @@ def test_default_names_describe_the_command() -> None:
     (lambda b: b.gemm(dtype="f32", m=1, n=1, k=1, a=0, b=0, c=0, alpha="x"),
      TypeError, "GEMM alpha"),
     (lambda b: b.elementwise("add", dtype="f32", count=4, a=0, out=0), ValueError, "b is required"),
-    (lambda b: b.elementwise("sub", dtype="f32", count=4, a=0, b=0, out=0), ValueError,
+    (lambda b: b.elementwise("pow", dtype="f32", count=4, a=0, b=0, out=0), ValueError,
      "elementwise op"),
     (lambda b: b.elementwise("relu", dtype="f32", count=0, a=0, out=0), ValueError,
      "ELEMENTWISE count"),
