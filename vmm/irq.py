@@ -1,16 +1,31 @@
-"""A VM's interrupt controller: level-triggered lines from devices to guest handlers.
+"""A VM's interrupt controller: level-triggered lines and message-signalled interrupts.
 
 A device raises a line; after the delivery latency the interrupt is queued and its
 handler runs in guest context at the guest's next wait. A line still high after its
 handler returns is delivered again (level semantics), after the latency once more.
+
+MSI (x86 style): the guest allocates a vector and gets the message a device must write
+(`MsiMessage`: an address in the 0xFEE00000 window, data = the vector). A message sent
+to the controller (`deliver_msi`, or `msi_port().send` from a device) is edge-triggered:
+it is queued after the latency and its handler runs at the guest's next wait; a second
+message for a vector already pending is coalesced, as the local APIC's IRR holds one bit
+per vector. A message for no allocated vector is logged (`unknown_msi`) and traced,
+never raised: it comes from a device the guest programmed, possibly wrongly.
 """
 from __future__ import annotations
 
+import errno
+from dataclasses import dataclass
 from typing import Callable
+
+from guest_driver.kernel import MsiMessage
+from hwspec.pci import MSI_ADDRESS_BASE, MSI_ADDRESS_SIZE
 
 from .machine import Machine, PendingIrq
 
 STORM_LIMIT = 100_000
+MSI_FIRST_VECTOR = 32    # x86: 0-31 are exceptions
+MSI_LAST_VECTOR = 0xEF   # 0xF0 and up are the kernel's own (IPIs, timers)
 
 
 class IrqError(ValueError):
@@ -71,8 +86,64 @@ class Line(PendingIrq):
             self.storm = 0
 
 
+@dataclass(frozen=True)
+class UnknownMsi:
+    """A message that reached the controller for no allocated vector."""
+    address: int
+    data: int
+    reason: str
+
+
+class MsiVector(PendingIrq):
+    """One allocated MSI vector: edge-triggered, pending at most once."""
+
+    def __init__(self, chip: "InterruptController", vector: int, handler: Callable[[], None],
+                 name: str) -> None:
+        self.chip = chip
+        self.vector = vector
+        self.handler: Callable[[], None] | None = handler
+        self.name = name
+        self.pending = False     # scheduled or queued, not yet delivered
+        self.received = 0
+        self.coalesced = 0
+        self.delivered = 0
+
+    def message(self) -> MsiMessage:
+        return MsiMessage(MSI_ADDRESS_BASE, self.vector)
+
+    def raise_(self) -> None:
+        self.received += 1
+        if self.pending:
+            self.coalesced += 1
+            return
+        self.pending = True
+        self.chip.machine.sched.schedule(self.chip.latency_ns, self._fire, f"msi{self.vector}")
+
+    def _fire(self) -> None:
+        self.chip.machine.pend_irq(self)
+
+    def deliver(self) -> None:
+        self.pending = False
+        if self.handler is None:  # freed while in flight: dropped, as after free_irq
+            return
+        self.delivered += 1
+        self.chip.trace.emit(self.chip.source, "msi", {"vector": self.vector})
+        self.handler()
+
+
+class VmMsiPort:
+    """device_model.ports.MsiPort of a device attached straight to one VM."""
+
+    def __init__(self, chip: "InterruptController") -> None:
+        self.chip = chip
+
+    def send(self, address: int, data: int) -> None:
+        self.chip.deliver_msi(address, data)
+
+
 class InterruptController:
-    """Implements guest_driver.kernel.IrqChip for the guest and hands lines to devices."""
+    """Implements guest_driver.kernel.IrqChip for the guest and hands lines and MSI
+    ports to devices."""
 
     def __init__(self, machine: Machine, source: str, lines: int = 64, latency_ns: int = 200) -> None:
         self.machine = machine
@@ -80,6 +151,8 @@ class InterruptController:
         self.source = source
         self.latency_ns = latency_ns
         self._lines = [Line(self, n) for n in range(lines)]
+        self._msi: dict[int, MsiVector] = {}
+        self.unknown_msi: list[UnknownMsi] = []
 
     def line(self, number: int) -> Line:
         if not 0 <= number < len(self._lines):
@@ -97,3 +170,52 @@ class InterruptController:
     def free_irq(self, line: int) -> None:
         ln = self.line(line)
         ln.handler, ln.name = None, ""
+
+    # -- MSI ----------------------------------------------------------------------------
+
+    def alloc_msi(self, handler: Callable[[], None], name: str) -> MsiMessage:
+        """The lowest free vector; OSError(ENOSPC) when all are taken."""
+        for v in range(MSI_FIRST_VECTOR, MSI_LAST_VECTOR + 1):
+            if v not in self._msi:
+                vec = MsiVector(self, v, handler, name)
+                self._msi[v] = vec
+                self.trace.emit(self.source, "msi_alloc", {"vector": v, "name": name})
+                return vec.message()
+        raise OSError(errno.ENOSPC, f"{self.source}: all MSI vectors "
+                                    f"{MSI_FIRST_VECTOR}..{MSI_LAST_VECTOR} are allocated")
+
+    def free_msi(self, msg: MsiMessage) -> None:
+        vec = self._msi.get(msg.data)
+        if vec is None or msg.address != MSI_ADDRESS_BASE:
+            raise IrqError(f"MSI message (address {msg.address:#x}, data {msg.data:#x}) "
+                           "was not allocated here")
+        vec.handler = None
+        del self._msi[msg.data]
+        self.trace.emit(self.source, "msi_free", {"vector": msg.data})
+
+    def msi_vector(self, vector: int) -> MsiVector | None:
+        return self._msi.get(vector)
+
+    def deliver_msi(self, address: int, data: int) -> None:
+        """A DWORD write of `data` to `address` reached the interrupt window."""
+        reason = ""
+        vec = None
+        if not MSI_ADDRESS_BASE <= address < MSI_ADDRESS_BASE + MSI_ADDRESS_SIZE:
+            reason = f"address {address:#x} is outside the MSI window"
+        elif data & ~0xFF:
+            reason = f"data {data:#x} has bits above the vector"
+        else:
+            vec = self._msi.get(data)
+            if vec is None:
+                reason = f"vector {data} is not allocated"
+        if vec is None:
+            self.unknown_msi.append(UnknownMsi(address, data, reason))
+            self.trace.emit(self.source, "msi_unknown", {"address": address, "data": data,
+                                                         "reason": reason})
+            return
+        self.trace.emit(self.source, "msi_send", {"vector": data})
+        vec.raise_()
+
+    def msi_port(self) -> VmMsiPort:
+        """Where a device attached to this VM sends its MSI/MSI-X messages."""
+        return VmMsiPort(self)

@@ -14,6 +14,7 @@ from typing import Protocol
 
 import numpy as np
 
+from ..bus import MmioHandler
 from .uapi import CData
 
 
@@ -50,8 +51,10 @@ class VfioDevice(Protocol):
         """pwrite() on the device fd inside region `index`."""
         ...
 
-    def region_mmap(self, index: int, offset: int, length: int) -> np.ndarray:
+    def region_mmap(self, index: int, offset: int, length: int) -> "np.ndarray | MmioHandler":
         """mmap() of an area of region `index` that region info marks MMAP (and lists
-        in its SPARSE_MMAP areas): a zero-copy uint8 view. OSError(EINVAL) elsewhere
-        (the MSI-X table is never mappable, so the VMM keeps trapping it)."""
+        in its SPARSE_MMAP areas): a zero-copy uint8 view of memory, or, for a BAR of
+        device registers, an MmioHandler whose loads and stores reach the registers
+        directly (vfio-pci's BarMapping). OSError(EINVAL) elsewhere (the MSI-X table is
+        never mappable, so the VMM keeps trapping it)."""
         ...

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..bus import MmioHandler
 from ..iommu import check_requester_id, format_bdf
 from . import uapi
 from .container import VfioContainer, _expect, vfio_error
@@ -47,6 +48,7 @@ class VfioGroup:
         self.container: VfioContainer | None = None
         self._members: dict[str, GroupMember] = {}
         self._open_files = 0
+        self._device_opens: dict[str, int] = {}
 
     def __repr__(self) -> str:
         return f"<VfioGroup {self.group_id}: {', '.join(self._members)}>"
@@ -123,6 +125,7 @@ class VfioGroup:
             raise vfio_error(errno.EINVAL, f"VFIO_GROUP_GET_DEVICE_FD: group {self.group_id} needs a "
                                            "container with an IOMMU set first")
         self._open_files += 1
+        self._device_opens[name] = self._device_opens.get(name, 0) + 1
         return VfioDeviceFile(self, member)
 
     def ioctl(self, request: int, arg: int | str | bytes | CData | VfioContainer = 0
@@ -163,9 +166,18 @@ class VfioDeviceFile:
         return self._device is None
 
     def close(self) -> None:
+        """Release the fd. When the last fd of the device closes, the host driver gets
+        `close_device()` if it has one (vfio-pci then disables interrupts and resets
+        the function, so nothing of the user's setup outlives it)."""
         if self._device is not None:
-            self._device = None
+            device, self._device = self._device, None
             self.group._open_files -= 1
+            left = self.group._device_opens.get(self.name, 1) - 1
+            self.group._device_opens[self.name] = left
+            if left == 0:
+                release = getattr(device, "close_device", None)
+                if release is not None:
+                    release()
 
     def __enter__(self) -> "VfioDeviceFile":
         return self
@@ -194,7 +206,7 @@ class VfioDeviceFile:
     def region_write(self, index: int, offset: int, data: bytes) -> None:
         self.device.region_write(index, offset, data)
 
-    def region_mmap(self, index: int, offset: int, length: int) -> np.ndarray:
+    def region_mmap(self, index: int, offset: int, length: int) -> "np.ndarray | MmioHandler":
         return self.device.region_mmap(index, offset, length)
 
     def ioctl(self, request: int, arg: CData = None) -> int:

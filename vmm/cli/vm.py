@@ -1,0 +1,58 @@
+"""`virtaccel vm run IMAGE [--seed N]`: boot a VM image and run its guest program."""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from ..images import ImageError, load_image, run_image
+
+
+def _seed(text: str) -> int:
+    try:
+        value = int(text, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"seed {text!r} is not an integer") from None
+    if not 0 <= value < 1 << 64:
+        raise argparse.ArgumentTypeError(f"seed {value} is outside 0 .. 2**64-1")
+    return value
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("vm", help="VM images: boot one and run its guest program")
+    vsub = p.add_subparsers(dest="vm_command", required=True)
+    r = vsub.add_parser("run", help="boot IMAGE (vm_images/*.toml), run its program, print the "
+                                    "result and the trace digest; exit 1 unless the result is ok")
+    r.add_argument("image", metavar="IMAGE", help="a VM image file (TOML)")
+    r.add_argument("--seed", type=_seed, default=None, help="machine and data seed (default: the image's)")
+    r.set_defaults(func=cli_run)
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)
+
+
+def cli_run(args: argparse.Namespace) -> int:
+    try:
+        image = load_image(args.image)
+        run = run_image(image, args.seed)
+    except ImageError as e:
+        print(f"virtaccel vm run: {e}", file=sys.stderr)
+        return 2
+    acc = image.accelerator
+    print(f"virtaccel vm run: image {image.name!r} ({acc.mode}, {acc.transport}), seed {run.seed}")
+    print(f"  program {image.entry}")
+    if run.error is not None:
+        print(f"  guest program failed: {type(run.error).__name__}: {run.error}")
+    elif isinstance(run.result, dict):
+        for k, v in run.result.items():
+            print(f"  {k:<20} {_fmt(v)}")
+    else:
+        print(f"  result {run.result!r} (a dict with 'ok' expected)")
+    print(f"  virtual time {run.virtual_ns / 1000:.3f} us, MMIO exits {run.exits}, "
+          f"direct MMIO accesses {run.direct_accesses}")
+    print(f"result: {'OK' if run.ok else 'FAILED'}")
+    print(f"trace digest: {run.digest}")
+    return 0 if run.ok else 1
