@@ -73,6 +73,8 @@ class Status(IntEnum):
     BAD_ARG = 13          # invalid enum value or flag
     NO_RESOURCES = 14
     CALL_DEPTH = 15       # CALL nesting deeper than max_call_depth
+    TIMEOUT = 16          # a command ran past the function's preemption timeout
+    STOPPED = 17          # the function was stopped by its PF while this was queued
 
 
 NO_OFFSET = 0xFFFFFFFF  # error_offset when the error is not tied to a command
@@ -84,6 +86,8 @@ class CtrlType(IntEnum):
     CONTEXT_CREATE = 1
     CONTEXT_DESTROY = 2
     GET_STATS = 3
+    CONTEXT_MAP = 4
+    CONTEXT_UNMAP = 5
 
 
 CTRL_REQ = Layout("va1_ctrl_req", (
@@ -151,3 +155,64 @@ PCI_NOTIFY_OFFSET = 0x3000
 PCI_MSIX_TABLE_OFFSET = 0x4000
 PCI_MSIX_PBA_OFFSET = 0x5000
 PCI_NOTIFY_OFF_MULTIPLIER = 4   # queue_notify_off = queue index
+
+
+# --- SR-IOV and the admin virtqueue (PF only) ----------------------------------------
+# A VA-1 card is one PCIe PF with up to TOTAL_VFS virtual functions. Each VF is a VA-1
+# function of its own (same virtio device id) with a partition of the card's device
+# memory, its own queues and contexts, and a share of the compute units.
+
+DEFAULT_TOTAL_VFS = 64
+SRIOV_FIRST_VF_OFFSET = 1
+SRIOV_VF_STRIDE = 1
+SRIOV_VF_DEVICE_ID = PCI_DEVICE_ID
+DEFAULT_CARD_MEMORY = 8 << 30         # device memory of the whole card
+DEFAULT_PF_MEMORY = 256 << 20         # kept by the PF; the rest is the VF pool
+PARTITION_ALIGN = 1 << 20             # VF memory quotas are multiples of 1 MiB
+
+
+class AdminOp(IntEnum):
+    """VA-1 admin commands (SR-IOV group, member = VF number 1..NumVFs)."""
+    VF_RESOURCES_SET = 0x8000
+    VF_RESOURCES_GET = 0x8001
+    VF_STOP = 0x8002
+    VF_RESUME = 0x8003
+    VF_STATS = 0x8004
+    VF_RESET = 0x8005
+
+
+VF_RESOURCES = Layout("va1_vf_resources", (
+    ("device_memory", "Q"),        # bytes, multiple of PARTITION_ALIGN
+    ("num_submit_queues", "I"),
+    ("max_contexts", "I"),
+    ("weight", "I"),               # WFQ weight across functions, >= 1
+    ("priority", "I"),             # 0 normal, 1 high, 2 realtime: higher runs first
+    ("exec_quantum_ns", "Q"),      # device time a function may run before yielding
+    ("preemption_timeout_ns", "Q"),  # a command running longer faults its context
+))
+VF_STATS = Layout("va1_vf_stats", (
+    ("submissions", "Q"),
+    ("commands", "Q"),
+    ("device_time_ns", "Q"),
+    ("dma_bytes", "Q"),
+    ("faults", "Q"),
+    ("preemptions", "Q"),
+    ("timeouts", "Q"),
+))
+
+# --- Context address spaces (controlq) ------------------------------------------------
+# Every context has its own device address space: a command of a context reaches only
+# ranges mapped into it (CONTEXT_MAP), each naming a range of the function's memory.
+
+CTX_MAP_REQ = Layout("va1_ctx_map_req", (
+    ("type", "I"),                 # CtrlType.CONTEXT_MAP / CONTEXT_UNMAP
+    ("context_id", "I"),
+    ("flags", "I"),                # CTX_MAP_READ | CTX_MAP_WRITE (MAP); 0 (UNMAP)
+    ("reserved", "I"),
+    ("va", "Q"),                   # context device address, PARTITION-page aligned
+    ("pa", "Q"),                   # function device address (MAP only)
+    ("size", "Q"),
+))
+CTX_PAGE = 4096
+CTX_MAP_READ = 1
+CTX_MAP_WRITE = 2
