@@ -172,13 +172,14 @@ PARTITION_ALIGN = 1 << 20             # VF memory quotas are multiples of 1 MiB
 
 
 class AdminOp(IntEnum):
-    """VA-1 admin commands (SR-IOV group, member = VF number 1..NumVFs)."""
-    VF_RESOURCES_SET = 0x8000
-    VF_RESOURCES_GET = 0x8001
-    VF_STOP = 0x8002
-    VF_RESUME = 0x8003
-    VF_STATS = 0x8004
-    VF_RESET = 0x8005
+    """VA-1 admin commands (SR-IOV group, member = VF number 1..NumVFs). Opcodes sit
+    well above the generic ones; LIST_QUERY's bitmap therefore spans 33 le64 words."""
+    VF_RESOURCES_SET = 0x0800
+    VF_RESOURCES_GET = 0x0801
+    VF_STOP = 0x0802
+    VF_RESUME = 0x0803
+    VF_STATS = 0x0804
+    VF_RESET = 0x0805
 
 
 VF_RESOURCES = Layout("va1_vf_resources", (

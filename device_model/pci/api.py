@@ -8,7 +8,9 @@ and facts it needs to plan (BAR sizes, where the MSI-X table is).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, Sequence
+
+from ..ports import DevicePorts, MsiPort
 
 
 @dataclass(frozen=True)
@@ -48,3 +50,16 @@ class PciFunction(Protocol):
     def msix_info(self) -> MsixInfo | None: ...
 
     def function_level_reset(self) -> None: ...
+
+
+class SriovPlatform(Protocol):
+    """What a PF with SR-IOV needs from the host it sits in. VF n (1-based) has
+    requester ID = PF RID + First VF Offset + (n-1) * VF Stride; the platform builds its
+    DMA (through the IOMMU, by that RID) and MSI ports, and puts the VFs on its bus
+    when software sets VF Enable (and takes them off when it clears it)."""
+
+    def vf_ports(self, vf: int) -> tuple[DevicePorts, MsiPort]: ...
+
+    def vfs_enabled(self, vfs: Sequence[PciFunction]) -> None: ...
+
+    def vfs_disabled(self) -> None: ...
