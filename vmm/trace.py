@@ -80,3 +80,9 @@ class SourceTracer:
 
     def emit(self, kind: str, **fields: object) -> None:
         self._trace.emit(self.source, kind, fields)
+
+
+def write_chrome_trace(trace: Trace, path: str) -> dict[str, object]:
+    """Write a kept trace as Chrome trace-event JSON (Perfetto); see vmm.trace_export."""
+    from .trace_export import write_chrome_trace as _write
+    return _write(trace, path)

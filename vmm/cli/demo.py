@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..machine import Machine
-from ..trace import TraceEvent
+from ..trace import TraceEvent, write_chrome_trace
 from ..vm import Vm
 
 ATOL = 1e-4
@@ -28,10 +28,10 @@ class DemoReport:
         return bool(self.result.get("ok")) and float(self.result["max_abs_error"]) <= ATOL
 
 
-def run_demo(seed: int = 0) -> DemoReport:
+def run_demo(seed: int = 0, trace_path: str | None = None) -> DemoReport:
     from userspace_runtime.workloads import mlp
 
-    machine = Machine(seed)
+    machine = Machine(seed, keep_trace=trace_path is not None)
     vm = Vm(machine, "vm0")
     vm.attach_va1_mmio()
     commands: list[tuple[str, int]] = []
@@ -50,11 +50,13 @@ def run_demo(seed: int = 0) -> DemoReport:
     vm.close()
     if task.error is not None:
         raise task.error
+    if trace_path is not None:
+        write_chrome_trace(machine.trace, trace_path)
     return DemoReport(seed, dict(task.result), commands, machine.now_ns(), wall, machine.trace.digest())
 
 
 def cli(args: argparse.Namespace) -> int:
-    report = run_demo(args.seed)
+    report = run_demo(args.seed, getattr(args, "trace", None))
     r = report.result
     print(f"virtaccel demo: two-layer MLP (f32, batch 64, 512 -> 1024 -> 256, GEMM + bias + ReLU x2)")
     print(f"  on one VA-1 over virtio-mmio in one VM, seed {report.seed}")
@@ -67,4 +69,6 @@ def cli(args: argparse.Namespace) -> int:
     print(f"max abs error vs numpy: {float(r['max_abs_error']):.3e} (atol {ATOL:g})  {verdict}")
     print(f"wall time: {report.wall_s:.3f} s")
     print(f"trace digest: {report.digest}")
+    if getattr(args, "trace", None):
+        print(f"trace written to {args.trace} (Chrome trace-event JSON; open it in Perfetto)")
     return 0 if report.ok else 1

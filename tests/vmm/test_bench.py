@@ -1,0 +1,204 @@
+"""The benchmark machinery, with fake timings: rows, JSON, the PNG, the bare ring, and a
+smoke run of every case at minimal sizes (structure only: no timing is asserted)."""
+from __future__ import annotations
+
+import json
+import math
+import struct
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from vmm.bench import CASES, Sizes, format_table, run_bench, to_json, validate_json
+from vmm.bench.png import PNG_SIGNATURE, bar_chart, encode_png, read_png_chunks, write_chart
+from vmm.bench.ring import BareRing, batch, round_trip
+from vmm.bench.rows import (ROW_FIELDS, best, cost_row, median, missing_row, rate_row,
+                            speed_row)
+from vmm.bench.runner import png_path_for, write_outputs
+from vmm.cli import main
+
+
+# --- rows from fake timings -------------------------------------------------------------
+
+def test_speed_row_ratio_is_baseline_over_value_and_met_at_the_target() -> None:
+    r = speed_row("a", value_s=0.010, baseline_s=0.009, target=0.90)
+    assert r.ratio == pytest.approx(0.9) and r.op == ">=" and r.unit == "s"
+    assert r.met  # exactly at the target counts
+    slow = speed_row("a", value_s=0.020, baseline_s=0.009, target=0.90)
+    assert slow.ratio == pytest.approx(0.45) and not slow.met
+
+
+def test_rate_row_ratio_is_value_over_baseline() -> None:
+    r = rate_row("e", value=600_000.0, baseline=1_000_000.0, target=0.5, unit="1/s")
+    assert r.ratio == pytest.approx(0.6) and r.met
+    assert not rate_row("e", 400.0, 1000.0, 0.5, "1/s").met
+
+
+def test_cost_row_is_an_upper_bound() -> None:
+    r = cost_row("d", value_s=20e-6, baseline_s=2e-6, target=10.0)
+    assert r.ratio == pytest.approx(10.0) and r.op == "<=" and r.met
+    assert not cost_row("d", 30e-6, 2e-6, 10.0).met
+
+
+def test_degenerate_timings_never_count_as_met() -> None:
+    for r in (speed_row("x", 0.0, 0.0, 0.9), rate_row("x", 1.0, 0.0, 0.5, "1/s"),
+              cost_row("x", 1.0, 0.0, 10.0), speed_row("x", math.inf, 1.0, 0.9)):
+        assert not r.met
+    m = missing_row("f", 1.1, "<=", "s", "waiting for SR-IOV")
+    assert m.value is None and m.ratio is None and not m.met and "SR-IOV" in m.note
+
+
+def test_best_and_median() -> None:
+    assert best([3.0, 1.0, 2.0]) == 1.0
+    assert median([3.0, 1.0, 2.0, 10.0]) == 2.5
+    with pytest.raises(ValueError):
+        best([])
+
+
+def test_json_has_every_field_and_validates() -> None:
+    rows = [speed_row("a", 0.01, 0.009, 0.9, note="n", reps=3),
+            missing_row("f", 1.1, "<=", "s", "waiting")]
+    doc = json.loads(to_json(rows, {"k": 1}))
+    validate_json(doc)
+    assert [r["name"] for r in doc["rows"]] == ["a", "f"]
+    for r in doc["rows"]:
+        assert set(ROW_FIELDS) <= set(r)
+        assert isinstance(r["met"], bool)
+    assert doc["meta"] == {"k": 1}
+    bad = {"rows": [{k: v for k, v in doc["rows"][0].items() if k != "ratio"}]}
+    with pytest.raises(ValueError, match="ratio"):
+        validate_json(bad)
+    with pytest.raises(ValueError):
+        validate_json({"rows": [{**doc["rows"][0], "op": "=="}]})
+
+
+def test_table_lists_every_row_with_its_target() -> None:
+    text = format_table([speed_row("a_gemm", 0.01, 0.009, 0.9),
+                         cost_row("d_null", 3e-4, 2e-6, 10.0)])
+    lines = text.splitlines()
+    assert lines[0].split()[:5] == ["row", "value", "baseline", "ratio", "target"]
+    assert any(ln.startswith("a_gemm") and ">= 0.9" in ln and "yes" in ln for ln in lines)
+    assert any(ln.startswith("d_null") and "<= 10" in ln and "NO" in ln for ln in lines)
+
+
+# --- PNG ---------------------------------------------------------------------------------
+
+def test_png_header_chunks_and_crcs_are_valid(tmp_path: Path) -> None:
+    img = bar_chart(["a", "b", "c1"], [0.95, 0.3, None], [0.9, 0.75, 0.85],
+                    [True, False, False], width=200, height=100)
+    data = encode_png(img)
+    assert data[:8] == PNG_SIGNATURE == b"\x89PNG\r\n\x1a\n"
+    chunks = read_png_chunks(data)  # checks every length and CRC
+    assert [k for k, _ in chunks] == [b"IHDR", b"IDAT", b"IEND"]
+    w, h, depth, color, comp, filt, inter = struct.unpack(">IIBBBBB", chunks[0][1])
+    assert (w, h, depth, color, comp, filt, inter) == (200, 100, 8, 2, 0, 0, 0)
+    raw = zlib.decompress(chunks[1][1])
+    assert len(raw) == h * (1 + 3 * w)
+    rows = np.frombuffer(raw, np.uint8).reshape(h, 1 + 3 * w)
+    assert (rows[:, 0] == 0).all()
+    assert np.array_equal(rows[:, 1:].reshape(h, w, 3), img)
+    corrupt = bytearray(data)
+    corrupt[40] ^= 0xFF
+    with pytest.raises(ValueError, match="CRC|truncated"):
+        read_png_chunks(bytes(corrupt))
+    path = tmp_path / "x.png"
+    write_chart(str(path), ["a"], [1.0], [0.9], [True])
+    read_png_chunks(path.read_bytes())
+
+
+def test_png_bars_are_coloured_by_met() -> None:
+    img = bar_chart(["a", "b"], [1.0, 1.0], [0.5, 2.0], [True, False], width=200, height=100)
+    greens = np.all(img == (60, 170, 60), axis=-1)
+    oranges = np.all(img == (235, 140, 30), axis=-1)
+    assert greens[:, :100].any() and not greens[:, 110:].any()
+    assert oranges[:, 110:].any() and not oranges[:, :100].any()
+
+
+def test_encode_png_rejects_non_rgb() -> None:
+    with pytest.raises(ValueError):
+        encode_png(np.zeros((4, 4), np.uint8))
+
+
+# --- the bare ring ----------------------------------------------------------------------
+
+def test_bare_ring_round_trips_and_wraps() -> None:
+    r = BareRing(4)
+    for _ in range(70_000):  # past the 16-bit index wrap
+        round_trip(r)
+    assert r.avail_idx == r.last_avail == r.used_idx == r.last_used == 70_000 & 0xFFFF
+    assert sorted(r.free) == [0, 1, 2, 3]
+
+
+def test_bare_ring_batch_moves_every_descriptor_once() -> None:
+    r = BareRing(8)
+    assert batch(r, 8) == 8 and batch(r, 3) == 3
+    assert r.pop() is None and r.reap() == []
+    head = r.add(0x2000, 16)
+    assert r.pop() is None  # not published yet
+    r.publish()
+    assert r.pop() == (head, 0x2000, 16)
+    with pytest.raises(ValueError):
+        BareRing(6)
+
+
+# --- a smoke of the real cases -----------------------------------------------------------
+
+def test_smoke_run_of_every_case_gives_well_formed_rows(tmp_path: Path) -> None:
+    rows = run_bench(Sizes.smoke(), profile=False)
+    names = [r.name for r in rows]
+    assert [n.split("_")[0] for n in names] == ["a", "b", "c", "c", "d", "e", "f"]
+    for r in rows:
+        assert r.value is not None and r.value > 0 and r.baseline is not None and r.baseline > 0
+        assert r.ratio is not None and r.op in (">=", "<=") and r.note
+    assert [r.target for r in rows] == [0.9, 0.75, 0.85, 0.85, 10.0, 0.5, 1.1]
+    path = tmp_path / "bench.json"
+    png = write_outputs(rows, str(path))
+    assert png == str(tmp_path / "bench.png") == png_path_for(str(path))
+    validate_json(json.loads(path.read_text()))
+    read_png_chunks(Path(png).read_bytes())
+
+
+def test_profiled_case_attaches_top_functions() -> None:
+    rows = run_bench(Sizes.smoke(), only=["d"], profile=True)
+    (row,) = rows
+    assert not row.met  # a Python stack is never within 10x of a bare ring at this size
+    assert row.profile["tottime"] and row.profile["cumtime"]
+    assert {"function", "ncalls", "tottime", "cumtime"} <= set(row.profile["tottime"][0])
+    assert sum(row.profile["by_layer"].values()) == pytest.approx(100, abs=1)
+
+
+def test_cli_bench_smoke_writes_json_and_png(tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "b.json"
+    assert main(["bench", "--smoke", "--only", "a,e", "--no-profile", "--json", str(out)]) == 0
+    text = capsys.readouterr()
+    assert "a_gemm_f32_32" in text.out and "e_nop_rate" in text.out
+    assert text.err == ""  # not a terminal: no progress bar
+    doc = json.loads(out.read_text())
+    validate_json(doc)
+    assert len(doc["rows"]) == 2 and doc["meta"]["smoke"] is True
+    read_png_chunks((tmp_path / "b.png").read_bytes())
+    assert main(["bench", "--only", "z"]) == 2
+    assert set(CASES) == set("abcdef")
+
+
+def test_phase_recorder_pairs_consecutive_events_within_iterations() -> None:
+    from vmm.bench.profile import PhaseRecorder
+    from vmm.machine import Machine
+
+    m = Machine(0)
+    rec = PhaseRecorder()
+    rec.attach(m)
+    m.trace.emit("vm0.kernel", "ignored", {})  # outside an iteration
+    for _ in range(2):
+        rec.mark("begin")
+        m.trace.emit("vm0.kernel", "kick", {"queue": 2})
+        m.trace.emit("vm0.va1.0", "cmd", {})
+        rec.mark("end")
+    segs = {s["segment"]: s for s in rec.segments()}
+    assert set(segs) == {"bench:begin -> kernel:kick", "kernel:kick -> va1.0:cmd",
+                         "va1.0:cmd -> bench:end"}
+    assert all(s["count_per_iter"] == 1 and s["us_per_iter"] >= 0 for s in segs.values())
+    assert rec.iterations == 2

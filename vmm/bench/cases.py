@@ -1,0 +1,436 @@
+"""The benchmark cases (a)-(f). Each measures its value and its baseline in the same
+run, interleaving repetitions so that machine noise hits both alike, and returns a Row.
+
+Sizes are parameters so that tests can run a tiny smoke of the real code paths; the
+`Sizes.full()` numbers are the issue's.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from device_model import Va1Config
+from guest_driver import uapi
+from guest_driver.uapi import GuestOS
+
+from ..machine import Machine
+from ..vm import Vm
+from . import ring as bare
+from .profile import ProfileSet
+from .rows import Row, best, cost_row, median, missing_row, rate_row, speed_row
+from .vms import run_in_vm
+
+_pc = time.perf_counter
+PROFILE_REPS = 20  # repetitions run under the profiler when a row misses its target
+_MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Problem sizes and repetition counts of every case."""
+    gemm_n: int = 1024
+    gemm_reps: int = 15
+    mlp_batch: int = 64
+    mlp_sizes: tuple[int, int, int] = (512, 1024, 256)
+    mlp_reps: int = 31
+    dma_bytes: int = 64 * _MIB
+    dma_reps: int = 21
+    null_reps: int = 300
+    ring_loops: int = 20
+    ring_loop_len: int = 1000
+    nop_per_buffer: int = 4096
+    nop_buffers: int = 4
+    nop_reps: int = 5
+    ring_batch: int = 256
+    vms_small: int = 8
+    vms_large: int = 64
+    vm_reps: int = 7
+    vm_ram: int = 16 * _MIB
+    vm_device_memory: int = 4 * _MIB
+
+    @classmethod
+    def full(cls) -> "Sizes":
+        return cls()
+
+    @classmethod
+    def smoke(cls) -> "Sizes":
+        """Minimal sizes: every code path once or twice, in well under a second each."""
+        return cls(gemm_n=32, gemm_reps=2, mlp_batch=4, mlp_sizes=(16, 32, 8), mlp_reps=2,
+                   dma_bytes=64 << 10, dma_reps=2, null_reps=3, ring_loops=2,
+                   ring_loop_len=10, nop_per_buffer=16, nop_buffers=2, nop_reps=2,
+                   ring_batch=16, vms_small=1, vms_large=2, vm_reps=1)
+
+
+def _runtime() -> Any:
+    import userspace_runtime
+    return userspace_runtime
+
+
+# --- (a) GEMM ------------------------------------------------------------------------
+
+def gemm(sz: Sizes, profiles: ProfileSet | None = None) -> Row:
+    """(a) f32 GEMM n^3 on the device, compute only (operands already in device
+    memory; launch + synchronize timed) vs numpy `a @ b` on the same arrays."""
+    rt = _runtime()
+    n = sz.gemm_n
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((n, n), dtype=np.float32)
+    b = rng.standard_normal((n, n), dtype=np.float32)
+
+    def program(os_: GuestOS) -> tuple[list[float], list[float]]:
+        dev_t: list[float] = []
+        base_t: list[float] = []
+        with rt.Device(os_) as dev:
+            ctx = dev.create_context()
+            da, db, dc = (ctx.alloc((n, n), np.float32) for _ in range(3))
+            s = ctx.create_stream()
+            s.upload(da, a)
+            s.upload(db, b)
+            s.gemm(da, db, dc)  # warm-up (also pages in device memory)
+            s.synchronize()
+            _ = a @ b
+            for _ in range(sz.gemm_reps):
+                t0 = _pc()
+                s.gemm(da, db, dc)
+                s.synchronize()
+                dev_t.append(_pc() - t0)
+                t0 = _pc()
+                _ = a @ b
+                base_t.append(_pc() - t0)
+            if profiles is not None:
+                with profiles.section():
+                    for _ in range(PROFILE_REPS):
+                        profiles.mark("begin")
+                        s.gemm(da, db, dc)
+                        s.synchronize()
+                        profiles.mark("end")
+            out = s.download(dc)
+            s.synchronize()
+            if not np.allclose(out.result(), a @ b, rtol=1e-4, atol=1e-3):
+                raise AssertionError("bench gemm: device result differs from numpy")
+            ctx.destroy()
+        return dev_t, base_t
+
+    dev_t, base_t = run_in_vm(program, profiles=profiles)
+    return speed_row(f"a_gemm_f32_{n}", best(dev_t), best(base_t), 0.90,
+                     f"launch+sync of one GEMM, operands on device; best of {sz.gemm_reps}",
+                     sz.gemm_reps)
+
+
+# --- (b) MLP end to end ----------------------------------------------------------------
+
+def mlp(sz: Sizes, profiles: ProfileSet | None = None) -> Row:
+    """(b) the demo MLP end to end: upload x and the weights, two GEMMs with fused bias and
+    ReLU, download y, synchronize; vs the same MLP in numpy (workloads.mlp.reference)."""
+    rt = _runtime()
+    from userspace_runtime.workloads import mlp as wl
+
+    batch, sizes = sz.mlp_batch, sz.mlp_sizes
+    d0, d1, d2 = sizes
+    inp = wl.make_inputs(0, batch, sizes)
+    ref = wl.reference(inp["x"], inp["w1"], inp["b1"], inp["w2"], inp["b2"])
+
+    def program(os_: GuestOS) -> tuple[list[float], list[float]]:
+        dev_t: list[float] = []
+        base_t: list[float] = []
+        with rt.Device(os_) as dev:
+            ctx = dev.create_context()
+            x = ctx.alloc((batch, d0), np.float32)
+            w1 = ctx.alloc((d0, d1), np.float32)
+            b1 = ctx.alloc((d1,), np.float32)
+            w2 = ctx.alloc((d1, d2), np.float32)
+            b2 = ctx.alloc((d2,), np.float32)
+            h = ctx.alloc((batch, d1), np.float32)
+            y = ctx.alloc((batch, d2), np.float32)
+            s = ctx.create_stream()
+
+            def once() -> np.ndarray:
+                for buf, name in ((x, "x"), (w1, "w1"), (b1, "b1"), (w2, "w2"), (b2, "b2")):
+                    s.upload(buf, inp[name])
+                s.gemm(x, w1, h, bias=b1, activation="relu")
+                s.gemm(h, w2, y, bias=b2, activation="relu")
+                out = s.download(y)
+                s.synchronize()
+                res: np.ndarray = out.result()
+                return res
+
+            def numpy_once() -> np.ndarray:
+                return wl.reference(inp["x"], inp["w1"], inp["b1"], inp["w2"], inp["b2"])
+
+            once()
+            numpy_once()
+            for _ in range(sz.mlp_reps):
+                t0 = _pc()
+                res = once()
+                dev_t.append(_pc() - t0)
+                t0 = _pc()
+                numpy_once()
+                base_t.append(_pc() - t0)
+            if profiles is not None:
+                with profiles.section():
+                    for _ in range(PROFILE_REPS):
+                        profiles.mark("begin")
+                        once()
+                        profiles.mark("end")
+            if not np.allclose(res, ref, atol=1e-4):
+                raise AssertionError("bench mlp: device result differs from numpy")
+            ctx.destroy()
+        return dev_t, base_t
+
+    dev_t, base_t = run_in_vm(program, profiles=profiles)
+    return speed_row("b_mlp_e2e", best(dev_t), best(base_t), 0.75,
+                     f"batch {batch}, {d0}->{d1}->{d2}: 5 uploads + 2 GEMM(+bias,relu) + "
+                     f"download + sync; best of {sz.mlp_reps}", sz.mlp_reps)
+
+
+# --- (c) DMA through the IOMMU -----------------------------------------------------------
+
+def dma(sz: Sizes, profiles: ProfileSet | None = None) -> list[Row]:
+    """(c) DMA_H2D and DMA_D2H of `dma_bytes` between a pinned HOST buffer and device
+    memory, the device's DMA going through IommuDma; vs np.copyto of the same bytes."""
+    rt = _runtime()
+    nbytes = sz.dma_bytes
+    src = np.random.default_rng(2).integers(0, 256, nbytes, dtype=np.uint8)
+
+    def program(os_: GuestOS) -> dict[str, list[float]]:
+        t: dict[str, list[float]] = {"h2d": [], "d2h": [], "copy_h2d": [], "copy_d2h": []}
+        with rt.Device(os_) as dev:
+            ctx = dev.create_context()
+            dbuf = ctx.alloc((nbytes // 4,), np.float32)
+            drv = dev._drv  # the runtime's uAPI wrapper: a HOST BO the DMA reads/writes
+            handle, iova = drv.bo_create(nbytes, uapi.BO_HOST)
+            host = drv.mmap(handle, nbytes)
+            np.copyto(host, src)
+            other = np.empty(nbytes, np.uint8)
+            other.fill(0)  # page it in, as device memory already is
+            s = ctx.create_stream()
+            h2d = rt.CommandBufferBuilder()
+            h2d.dma_h2d(iova, dbuf.addr, nbytes)
+            d2h = rt.CommandBufferBuilder()
+            d2h.dma_d2h(dbuf.addr, iova, nbytes)
+
+            def run(cmds: Any) -> float:
+                t0 = _pc()
+                s.enqueue(cmds, [dbuf])
+                s.synchronize()
+                return _pc() - t0
+
+            run(h2d)
+            run(d2h)
+            for _ in range(sz.dma_reps):
+                t["h2d"].append(run(h2d))
+                t0 = _pc()
+                np.copyto(other, host)
+                t["copy_h2d"].append(_pc() - t0)
+                t["d2h"].append(run(d2h))
+                t0 = _pc()
+                np.copyto(host, other)
+                t["copy_d2h"].append(_pc() - t0)
+            if profiles is not None:
+                with profiles.section():
+                    for _ in range(PROFILE_REPS):
+                        profiles.mark("begin")
+                        run(h2d)
+                        run(d2h)
+                        profiles.mark("end")
+            host[:] = 0
+            run(d2h)
+            if not np.array_equal(host, src):
+                raise AssertionError("bench dma: D2H(H2D(x)) != x")
+            ctx.destroy()
+            drv.bo_free(handle)
+        return t
+
+    t = run_in_vm(program, ram_size=max(256 * _MIB, 3 * nbytes + 32 * _MIB),
+                  config=Va1Config(device_memory_size=max(256 * _MIB, 2 * nbytes)), iommu=True,
+                  profiles=profiles)
+    mib = nbytes / _MIB
+    note = (f"{mib:g} MiB, one DMA command, submit+wait; IommuDma, domain maps guest RAM "
+            f"at IOVA=GPA as passthrough does (VFIO attachment not used yet); "
+            f"best of {sz.dma_reps}")
+    return [speed_row(f"c_dma_h2d_{mib:g}MiB", best(t["h2d"]), best(t["copy_h2d"]), 0.85,
+                      note, sz.dma_reps),
+            speed_row(f"c_dma_d2h_{mib:g}MiB", best(t["d2h"]), best(t["copy_d2h"]), 0.85,
+                      note, sz.dma_reps)]
+
+
+# --- (d) null command round trip ------------------------------------------------------------
+
+def bare_round_trip(sz: Sizes) -> float:
+    """Median seconds of one bare split-ring round trip (loops of ring_loop_len)."""
+    r = bare.BareRing(256)
+    samples = []
+    for _ in range(sz.ring_loops):
+        t0 = _pc()
+        for _ in range(sz.ring_loop_len):
+            bare.round_trip(r)
+        samples.append((_pc() - t0) / sz.ring_loop_len)
+    return median(samples)
+
+
+def null_round_trip(sz: Sizes, profiles: ProfileSet | None = None) -> Row:
+    """(d) one NOP command buffer: Stream.enqueue + synchronize (SUBMIT ioctl, ring add,
+    kick, device pop/decode/run/push, interrupt, WAIT) vs a bare ring round trip."""
+    rt = _runtime()
+
+    def program(os_: GuestOS) -> list[float]:
+        out: list[float] = []
+        with rt.Device(os_) as dev:
+            ctx = dev.create_context()
+            s = ctx.create_stream()
+            nop = rt.CommandBufferBuilder()
+            nop.nop()
+            for _ in range(3):
+                s.enqueue(nop)
+                s.synchronize()
+            for _ in range(sz.null_reps):
+                t0 = _pc()
+                s.enqueue(nop)
+                s.synchronize()
+                out.append(_pc() - t0)
+            if profiles is not None:
+                with profiles.section():
+                    for _ in range(max(PROFILE_REPS, sz.null_reps // 3)):
+                        profiles.mark("begin")
+                        s.enqueue(nop)
+                        s.synchronize()
+                        profiles.mark("end")
+            ctx.destroy()
+        return out
+
+    dev = median(run_in_vm(program, profiles=profiles))
+    base = bare_round_trip(sz)
+    return cost_row("d_null_roundtrip", dev, base, 10.0, "s",
+                    f"median of {sz.null_reps} NOP submit->wait vs median of {sz.ring_loops} "
+                    f"loops of {sz.ring_loop_len} bare-ring round trips", sz.null_reps)
+
+
+# --- (e) NOP throughput --------------------------------------------------------------------
+
+def bare_rate(sz: Sizes) -> float:
+    """Best descriptors/s of the bare ring, batches of ring_batch descriptors."""
+    r = bare.BareRing(max(sz.ring_batch, 1))
+    samples = []
+    for _ in range(sz.ring_loops):
+        t0 = _pc()
+        n = 0
+        for _ in range(max(1, sz.ring_loop_len // sz.ring_batch) * 4):
+            n += bare.batch(r, sz.ring_batch)
+        samples.append(n / (_pc() - t0))
+    return max(samples)
+
+
+def nop_rate(sz: Sizes, profiles: ProfileSet | None = None) -> Row:
+    """(e) NOPs/s: `nop_buffers` command buffers of `nop_per_buffer` NOPs each, submitted
+    back to back then synchronized, vs the bare ring's descriptor rate."""
+    rt = _runtime()
+    per = sz.nop_per_buffer
+
+    def program(os_: GuestOS) -> list[float]:
+        rates: list[float] = []
+        with rt.Device(os_) as dev:
+            ctx = dev.create_context()
+            s = ctx.create_stream()
+            buf = rt.CommandBufferBuilder()
+            for _ in range(per):
+                buf.nop()
+
+            def once() -> float:
+                t0 = _pc()
+                for _ in range(sz.nop_buffers):
+                    s.enqueue(buf)
+                    s.flush()
+                s.synchronize()
+                return per * sz.nop_buffers / (_pc() - t0)
+
+            once()
+            for _ in range(sz.nop_reps):
+                rates.append(once())
+            if profiles is not None:
+                with profiles.section():
+                    profiles.mark("begin")
+                    once()
+                    profiles.mark("end")
+            ctx.destroy()
+        return rates
+
+    value = max(run_in_vm(program, profiles=profiles))
+    base = bare_rate(sz)
+    return rate_row("e_nop_rate", value, base, 0.5, "1/s",
+                    f"{sz.nop_buffers} buffers x {per} NOPs per sync vs bare ring batches of "
+                    f"{sz.ring_batch}; best of {sz.nop_reps}", sz.nop_reps)
+
+
+# --- (f) VM scaling -------------------------------------------------------------------------
+
+def _vm_workload(seed: int) -> Callable[[GuestOS], Any]:
+    from userspace_runtime.workloads import mlp as wl
+
+    def program(os_: GuestOS) -> Any:
+        r = wl.main(os_, seed=seed, batch=16, sizes=(64, 128, 32))
+        if not r["ok"]:
+            raise AssertionError(f"VM workload {seed} mismatched numpy")
+        return r
+    return program
+
+
+def vm_fleet(count: int, sz: Sizes, profiles: ProfileSet | None = None) -> float:
+    """Wall seconds to build `count` VMs (each its own VA-1) and run the small workload
+    in all of them on one machine, start to finish. With `profiles`, each guest task
+    profiles itself (the host thread only waits for them)."""
+    t0 = _pc()
+    machine = Machine(0)
+    vms = []
+    try:
+        for i in range(count):
+            vm = Vm(machine, f"vm{i}", ram_size=sz.vm_ram)
+            vms.append(vm)
+            vm.attach_va1_mmio(Va1Config(device_memory_size=sz.vm_device_memory))
+            prog = _vm_workload(i)
+            if profiles is not None:
+                def prof_prog(os_: GuestOS, prog: Callable[[GuestOS], Any] = prog,
+                              ps: ProfileSet = profiles) -> Any:
+                    with ps.section():
+                        return prog(os_)
+                vm.spawn_program(prof_prog)
+            else:
+                vm.spawn_program(prog)
+        machine.run_tasks()
+        for task in machine.tasks:
+            if task.error is not None:
+                raise task.error
+    finally:
+        for vm in vms:
+            vm.close()
+    return _pc() - t0
+
+
+def vm_scaling(sz: Sizes, profiles: ProfileSet | None = None) -> Row:
+    """(f) per-VM wall cost with `vms_large` VMs vs `vms_small` VMs, each with its own
+    emulated VA-1 (SR-IOV virtual functions have not landed)."""
+    name = f"f_per_vm_{sz.vms_large}v{sz.vms_small}"
+    small: list[float] = []
+    large: list[float] = []
+    try:
+        vm_fleet(sz.vms_small, sz)
+        for _ in range(sz.vm_reps):
+            small.append(vm_fleet(sz.vms_small, sz) / sz.vms_small)
+            large.append(vm_fleet(sz.vms_large, sz) / sz.vms_large)
+        if profiles is not None:
+            vm_fleet(sz.vms_large, sz, profiles)
+    except (MemoryError, OSError) as e:
+        return missing_row(name, 1.1, "<=", "s", f"waiting for SR-IOV: {sz.vms_large} "
+                                                 f"emulated VMs do not fit ({e})")
+    return cost_row(name, best(large), best(small), 1.1, "s",
+                    f"per-VM wall time (build+boot+MLP 16x64->128->32), {sz.vms_large} vs "
+                    f"{sz.vms_small} emulated VMs each with its own VA-1 (no SR-IOV yet: "
+                    f"{sz.vm_ram >> 20} MiB RAM, {sz.vm_device_memory >> 20} MiB device memory "
+                    f"each); best of {sz.vm_reps}", sz.vm_reps)
+
+
+CASES: dict[str, Callable[[Sizes, ProfileSet | None], Row | list[Row]]] = {
+    "a": gemm, "b": mlp, "c": dma, "d": null_round_trip, "e": nop_rate, "f": vm_scaling,
+}

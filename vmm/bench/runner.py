@@ -1,0 +1,69 @@
+"""Running the cases, profiling the rows that miss, writing bench.json and bench.png."""
+from __future__ import annotations
+
+import os
+import platform
+import time
+from typing import Callable, Iterable
+
+import numpy as np
+
+from .cases import CASES, Sizes
+from .png import write_chart
+from .profile import ProfileSet
+from .rows import Row, to_json
+
+
+def run_bench(sizes: Sizes, only: Iterable[str] | None = None, profile: bool = True,
+              on_step: Callable[[str], None] | None = None,
+              on_start: Callable[[str], None] | None = None) -> list[Row]:
+    """Run the selected cases (keys of CASES); a row that misses its target is run once
+    more under cProfile and carries the top functions in `row.profile`."""
+    keys = list(CASES) if only is None else [k for k in CASES if k in set(only)]
+    rows: list[Row] = []
+    for key in keys:
+        case = CASES[key]
+        if on_start is not None:
+            on_start(key)
+        got = case(sizes, None)
+        case_rows = got if isinstance(got, list) else [got]
+        if profile and any(not r.met and r.value is not None for r in case_rows):
+            if on_start is not None:
+                on_start(f"{key} (profile)")
+            timing = ProfileSet(cprofile=False)  # phases without cProfile's overhead
+            case(sizes, timing)
+            prof = ProfileSet()
+            case(sizes, prof)
+            top = prof.top()
+            top["phases"] = timing.phases.segments()
+            for r in case_rows:
+                if not r.met:
+                    r.profile = top
+        rows.extend(case_rows)
+        if on_step is not None:
+            on_step(key)
+    return rows
+
+
+def png_path_for(json_path: str) -> str:
+    """bench.json -> bench.png, beside it."""
+    root, _ = os.path.splitext(json_path)
+    return root + ".png"
+
+
+def write_outputs(rows: list[Row], json_path: str, meta: dict[str, object] | None = None
+                  ) -> str:
+    """Write the rows as JSON and the ratio chart as PNG beside it; returns the PNG path."""
+    info: dict[str, object] = {
+        "python": platform.python_version(), "numpy": np.__version__,
+        "machine": platform.machine(), "cpus": os.cpu_count(),
+        "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    info.update(meta or {})
+    with open(json_path, "w") as f:
+        f.write(to_json(rows, info) + "\n")
+    png = png_path_for(json_path)
+    write_chart(png, [r.name.split("_")[0] + ("1" if "_h2d" in r.name else "2" if "_d2h" in r.name else "")
+                      for r in rows],
+                [r.ratio for r in rows], [r.target for r in rows], [r.met for r in rows])
+    return png

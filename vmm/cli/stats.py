@@ -1,0 +1,232 @@
+"""`virtaccel stats`: run a workload and print per-function and per-context counters.
+
+Two sources, side by side:
+- per function, through the uAPI: DRM_IOCTL_VA1_GET_STATS on /dev/accel/accelN from
+  inside the guest after the workload (submissions, commands, device time, DMA bytes
+  over the host link, faulted contexts, interrupts taken by the driver);
+- per function and per context, observed by the host (`StatsCollector`, a trace
+  watcher): submissions, commands, device time, faults, interrupts (per function only)
+  and queue-depth high-water marks (submissions queued or running on the device,
+  sampled at every event of the device; per submit queue and per context).
+
+Bytes moved per context are not observable yet: neither the `cmd` trace event nor the
+uAPI carries per-context byte counts (see docs/benchmarks.md, "Stats").
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ..machine import Machine
+from ..trace import TraceEvent
+from ..vm import Vm
+
+_SUBMIT_KINDS = ("submit_start", "submit_end", "cmd", "cmd_fault", "cmd_invalid",
+                 "context_fault", "irq")
+
+
+@dataclass
+class ContextStats:
+    """Counters of one device context, as the host observes them."""
+    function: str
+    context: int
+    submissions: int = 0
+    commands: int = 0
+    device_time_ns: int = 0
+    faults: int = 0                 # submissions that ended with a non-OK status
+    queue_depth_hwm: int = 0        # this context's submissions queued or running, max
+    bytes_moved: int | None = None  # not observable yet (needs device/uAPI support)
+
+
+@dataclass
+class FunctionStats:
+    """Counters of one device function (host view, and the uAPI's if read)."""
+    function: str
+    submissions: int = 0
+    commands: int = 0
+    device_time_ns: int = 0
+    faults: int = 0                 # submissions with a non-OK status
+    context_faults: int = 0         # contexts marked faulted
+    interrupts: int = 0             # interrupts the function raised
+    queue_depth_hwm: dict[int, int] = field(default_factory=dict)  # per virtqueue
+    uapi: dict[str, int] | None = None  # DRM_IOCTL_VA1_GET_STATS, if read
+
+
+def _int(ev: TraceEvent, name: str, default: int = 0) -> int:
+    value = ev.get(name, default)
+    return int(value) if isinstance(value, int) else default
+
+
+class StatsCollector:
+    """Watches a machine's trace and counts per function and per context.
+
+    `add_device(source, device)` lets it sample the device's queues (the VMM owns the
+    device object, as a hypervisor owns its emulated devices); without it the
+    queue-depth high-water marks stay 0.
+    """
+
+    def __init__(self, machine: Machine) -> None:
+        self.functions: dict[str, FunctionStats] = {}
+        self.contexts: dict[tuple[str, int], ContextStats] = {}
+        self._engine_ctx: dict[tuple[str, int], int] = {}
+        self._devices: dict[str, Any] = {}
+        machine.trace.watch(self._on_event)
+
+    def add_device(self, source: str, device: Any) -> None:
+        self._devices[source] = device
+        self.function(source)
+
+    def add_vm(self, vm: Vm) -> None:
+        """Register every VA-1 attached to `vm` (sources `<vm>.va1.<n>`)."""
+        for i, acc in enumerate(vm.accelerators):
+            self.add_device(f"{vm.name}.va1.{i}", acc.device)
+
+    def function(self, source: str) -> FunctionStats:
+        if source not in self.functions:
+            self.functions[source] = FunctionStats(source)
+        return self.functions[source]
+
+    def context(self, source: str, cid: int) -> ContextStats:
+        key = (source, cid)
+        if key not in self.contexts:
+            self.contexts[key] = ContextStats(source, cid)
+        return self.contexts[key]
+
+    def _on_event(self, ev: TraceEvent) -> None:
+        if ev.kind == "ctrl" and ev.get("type") == "CONTEXT_CREATE" and ev.get("status") == "OK":
+            self.context(ev.source, _int(ev, "context"))
+        if ev.kind not in _SUBMIT_KINDS:
+            if ev.source in self._devices:
+                self._sample(ev.source)
+            return
+        if ev.kind == "irq" and "." in ev.source and ev.source.rpartition(".")[2] == "irq":
+            return  # the VM's interrupt controller, not a device
+        f = self.function(ev.source)
+        if ev.kind == "irq":
+            f.interrupts += 1
+        elif ev.kind == "submit_start":
+            self._engine_ctx[(ev.source, _int(ev, "engine", -1))] = _int(ev, "context")
+        elif ev.kind == "cmd":
+            f.commands += 1
+            cid = self._engine_ctx.get((ev.source, _int(ev, "engine", -1)))
+            if cid is not None:
+                self.context(ev.source, cid).commands += 1
+        elif ev.kind == "submit_end":
+            c = self.context(ev.source, _int(ev, "context"))
+            dt = max(_int(ev, "end_ns") - _int(ev, "start_ns"), 0)
+            f.submissions += 1
+            c.submissions += 1
+            f.device_time_ns += dt
+            c.device_time_ns += dt
+            if ev.get("status") != "OK":
+                f.faults += 1
+                c.faults += 1
+        elif ev.kind == "context_fault":
+            f.context_faults += 1
+        self._sample(ev.source)
+
+    def _sample(self, source: str) -> None:
+        """Queue depths right now: queued + running submissions per queue and context."""
+        dev = self._devices.get(source)
+        proc = getattr(dev, "processor", None)
+        if proc is None:
+            return
+        f = self.function(source)
+        per_ctx: dict[int, int] = {}
+        queues = getattr(proc, "queues", [])
+        pending = getattr(proc, "pending", [])
+        for slot, q in enumerate(queues):
+            waiting = list(pending[slot]) if slot < len(pending) else []
+            running = [r.sub for r in getattr(proc, "engines", []) if r is not None
+                       and r.sub.queue == q]
+            depth = len(waiting) + len(running)
+            if depth > f.queue_depth_hwm.get(q, 0):
+                f.queue_depth_hwm[q] = depth
+            for sub in waiting + running:
+                cid = sub.req.context_id
+                per_ctx[cid] = per_ctx.get(cid, 0) + 1
+        for cid, depth in per_ctx.items():
+            c = self.context(source, cid)
+            c.queue_depth_hwm = max(c.queue_depth_hwm, depth)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"functions": [asdict(f) for f in self.functions.values()],
+                "contexts": [asdict(c) for c in self.contexts.values()]}
+
+
+def run_stats(seed: int = 0) -> tuple[StatsCollector, dict[str, Any]]:
+    """Run the demo MLP in one VM, read GET_STATS through the uAPI at the end."""
+    from userspace_runtime import Device
+    from userspace_runtime.workloads import mlp
+
+    machine = Machine(seed)
+    vm = Vm(machine, "vm0")
+    vm.attach_va1_mmio()
+    stats = StatsCollector(machine)
+    stats.add_vm(vm)
+
+    def program(os_: Any) -> dict[str, Any]:
+        result = mlp.main(os_, seed=seed)
+        with Device(os_) as dev:
+            result["uapi_stats"] = dev.stats()
+        return result
+
+    task = vm.spawn_program(program, name="mlp")
+    try:
+        machine.run_tasks()
+    finally:
+        vm.close()
+    if task.error is not None:
+        raise task.error
+    stats.function("vm0.va1.0").uapi = dict(task.result["uapi_stats"])
+    return stats, dict(task.result)
+
+
+def format_stats(stats: StatsCollector) -> str:
+    """Per-function and per-context tables."""
+    out = ["per function (host view; uAPI GET_STATS in brackets where read):"]
+    out.append(f"  {'function':<12} {'subs':>6} {'cmds':>6} {'device us':>11} {'faults':>6} "
+               f"{'ctx faults':>10} {'irqs':>5} {'dma bytes':>11}  queue depth hwm")
+    for f in stats.functions.values():
+        u = f.uapi or {}
+
+        def both(host: int, key: str) -> str:
+            return f"{host}" if key not in u else f"{host} [{u[key]}]"
+        hwm = " ".join(f"q{q}:{d}" for q, d in sorted(f.queue_depth_hwm.items())) or "-"
+        dev_us = f"{f.device_time_ns / 1000:.3f}"
+        if "device_time_ns" in u:
+            dev_us += f" [{u['device_time_ns'] / 1000:.3f}]"
+        out.append(f"  {f.function:<12} {both(f.submissions, 'submissions'):>6} "
+                   f"{both(f.commands, 'commands'):>6} {dev_us:>11} {f.faults:>6} "
+                   f"{both(f.context_faults, 'faults'):>10} {both(f.interrupts, 'interrupts'):>5} "
+                   f"{u.get('dma_bytes', '-')!s:>11}  {hwm}")
+    out.append("per context (host view):")
+    out.append(f"  {'function':<12} {'ctx':>4} {'subs':>6} {'cmds':>6} {'device us':>11} "
+               f"{'faults':>6} {'queue hwm':>9} {'bytes':>6}")
+    for c in stats.contexts.values():
+        out.append(f"  {c.function:<12} {c.context:>4} {c.submissions:>6} {c.commands:>6} "
+                   f"{c.device_time_ns / 1000:>11.3f} {c.faults:>6} {c.queue_depth_hwm:>9} "
+                   f"{'n/a' if c.bytes_moved is None else c.bytes_moved:>6}")
+    return "\n".join(out)
+
+
+def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    p = sub.add_parser("stats", help="run the demo workload and print per-function and "
+                                     "per-context counters")
+    p.add_argument("--seed", type=int, default=0, help="machine and data seed (default 0)")
+    p.add_argument("--json", action="store_true", help="print the counters as JSON")
+    p.set_defaults(func=cli)
+
+
+def cli(args: argparse.Namespace) -> int:
+    stats, result = run_stats(args.seed)
+    if args.json:
+        json.dump(stats.to_json(), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print(f"virtaccel stats: demo MLP, seed {args.seed}, one VM, one VA-1")
+        print(format_stats(stats))
+    return 0 if result.get("ok") else 1
