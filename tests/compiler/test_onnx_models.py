@@ -1,0 +1,165 @@
+"""ONNX models through the importer, the CLI (`virtaccel compile/run/objdump`) and the
+onnx backend, checked against onnx.reference.ReferenceEvaluator."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx", reason="the onnx extra is not installed")
+
+from onnx.reference import ReferenceEvaluator  # noqa: E402
+
+from userspace_runtime import onnx_backend  # noqa: E402
+from userspace_runtime.onnx_import import OnnxImportError, compile_onnx, supported_ops  # noqa: E402
+from vmm.cli import main as cli_main  # noqa: E402
+
+from . import onnx_models  # noqa: E402
+from .conftest import readelf_clean, run_on_device  # noqa: E402
+
+# Max abs error vs the reference evaluator, f32 end to end; QDQ: one int8 step.
+TOL = {"mlp": 1e-5, "cnn": 1e-4, "encoder": 1e-4, "qdq_mlp": 0.0201}
+SHAPES = {"mlp": {"x": (4, 16)}, "cnn": {"image": (2, 3, 8, 8)}, "encoder": {"x": (8, 16)},
+          "qdq_mlp": {"x": (4, 16)}}
+
+
+def _feeds(name: str, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {k: rng.standard_normal(s).astype(np.float32) for k, s in SHAPES[name].items()}
+
+
+@pytest.mark.parametrize("name", sorted(TOL))
+def test_onnx_model_matches_reference_evaluator(name: str) -> None:
+    model = getattr(onnx_models, name)()
+    feeds = _feeds(name)
+    result = compile_onnx(model)
+    out = run_on_device(result, feeds, int8=name.startswith("qdq"))
+    ref = ReferenceEvaluator(model).run(None, feeds)
+    names = [o.name for o in model.graph.output]
+    for n, r in zip(names, ref):
+        assert out[n].shape == r.shape
+        np.testing.assert_allclose(out[n], r, rtol=0, atol=TOL[name])
+
+
+def test_unsupported_operator_names_operator_and_node() -> None:
+    with pytest.raises(OnnxImportError, match=r"node the_cosine \(Cos\): operator Cos is "
+                                              r"not supported"):
+        compile_onnx(onnx_models.unsupported())
+
+
+def test_onnx_shape_mismatch_names_the_node() -> None:
+    m = onnx_models.mlp()
+    m.graph.input[0].type.tensor_type.shape.dim[1].dim_value = 15
+    with pytest.raises(OnnxImportError, match=r"node fc1 \(MatMul\): .*inner dimensions"):
+        compile_onnx(m)
+
+
+def test_dynamic_dims_are_refused() -> None:
+    m = onnx_models.mlp()
+    m.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "batch"
+    with pytest.raises(OnnxImportError, match="input x: dimension batch is not static"):
+        compile_onnx(m)
+
+
+def test_cli_compile_objdump_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    model = onnx_models.cnn()
+    mpath, opath = tmp_path / "cnn.onnx", tmp_path / "cnn.vaelf"
+    onnx.save(model, str(mpath))
+    assert cli_main(["compile", str(mpath), "-o", str(opath)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["passes"]["fold_batchnorm"] == 1 and report["workspace_peak"] > 0
+    readelf_clean(str(opath))
+    assert cli_main(["objdump", str(opath)]) == 0
+    assert "CONV2D" in capsys.readouterr().out
+    feeds = _feeds("cnn", 3)
+    np.savez(tmp_path / "in.npz", **feeds)
+    ref = ReferenceEvaluator(model).run(None, feeds)[0]
+    for src in (opath, mpath):                     # a code object, or the model itself
+        out = tmp_path / f"out_{src.suffix[1:]}.npz"
+        assert cli_main(["run", str(src), "--inputs", str(tmp_path / "in.npz"),
+                         "--out", str(out)]) == 0
+        capsys.readouterr()
+        with np.load(out) as z:
+            assert z.files == ["logits"]
+            np.testing.assert_allclose(z["logits"], ref, atol=1e-4)
+
+
+def test_cli_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.onnx"
+    onnx.save(onnx_models.unsupported(), str(bad))
+    assert cli_main(["compile", str(bad), "-o", str(tmp_path / "x.vaelf")]) == 2
+    assert "operator Cos" in capsys.readouterr().err
+    assert cli_main(["compile", str(tmp_path / "missing.onnx"), "-o", "x"]) == 2
+    capsys.readouterr()
+    good = tmp_path / "mlp.onnx"
+    onnx.save(onnx_models.mlp(), str(good))
+    np.savez(tmp_path / "in.npz", x=np.zeros((4, 16), np.float64))
+    assert cli_main(["run", str(good), "--inputs", str(tmp_path / "in.npz"),
+                     "--out", str(tmp_path / "o.npz")]) == 2
+    assert "dtype float64, expected float32" in capsys.readouterr().err
+
+
+def test_backend_finds_the_guest_runner_entry_point() -> None:
+    saved = onnx_backend._runner
+    onnx_backend.set_guest_runner(None)
+    try:
+        from vmm.cli.run import run_module_in_vm
+        assert onnx_backend.guest_runner() is run_module_in_vm
+    finally:
+        onnx_backend.set_guest_runner(saved)
+
+
+def test_backend_run_model_and_prepare() -> None:
+    model = onnx_models.encoder()
+    x = _feeds("encoder", 5)["x"]
+    assert onnx_backend.supports_device("CPU") and not onnx_backend.supports_device("CUDA")
+    assert onnx_backend.VA1Backend.is_compatible(model)
+    assert not onnx_backend.VA1Backend.is_compatible(onnx_models.unsupported())
+    rep = onnx_backend.prepare(model)
+    (y,) = rep.run([x])
+    ref = ReferenceEvaluator(model).run(None, {"x": x})[0]
+    np.testing.assert_allclose(y, ref, atol=1e-4)
+    (y2,) = onnx_backend.run_model(model, {"x": x})
+    np.testing.assert_array_equal(y, y2)
+
+
+def test_claimed_operators() -> None:
+    assert set(supported_ops()) == {
+        "Add", "BatchNormalization", "Constant", "Conv", "DequantizeLinear", "Div",
+        "Flatten", "Gelu", "Gemm", "Identity", "LayerNormalization", "MatMul", "Mul",
+        "QuantizeLinear", "ReduceMax", "ReduceMean", "ReduceMin", "ReduceSum", "Relu",
+        "Reshape", "Sigmoid", "Softmax", "Squeeze", "Sub", "Transpose", "Unsqueeze"}
+
+
+@pytest.mark.parametrize("image", ["microvm-mmio.toml", "passthrough-pci.toml"])
+def test_cli_run_on_a_vm_image(image: str, tmp_path: Path,
+                               capsys: pytest.CaptureFixture[str]) -> None:
+    root = Path(__file__).resolve().parents[2] / "vm_images"
+    if not (root / image).exists():
+        pytest.skip(f"VM image {image} is not in this tree")
+    model = tmp_path / "enc.onnx"
+    onnx.save(onnx_models.encoder(), str(model))
+    feeds = _feeds("encoder", 8)
+    np.savez(tmp_path / "in.npz", **feeds)
+    out = tmp_path / "out.npz"
+    assert cli_main(["run", str(model), "--inputs", str(tmp_path / "in.npz"), "--out", str(out),
+                     "--image", str(root / image)]) == 0, capsys.readouterr().err
+    ref = ReferenceEvaluator(onnx_models.encoder()).run(None, feeds)[0]
+    with np.load(out) as z:
+        np.testing.assert_allclose(z["y"], ref, atol=1e-4)
+
+
+def test_cli_run_int8_model_on_an_image_without_int8(tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("vmm.images", reason="VM images are not in this tree")
+    image = tmp_path / "float-only.toml"
+    image.write_text('name = "float-only"\n[accelerator]\nmode = "emulated"\n'
+                     'transport = "mmio"\n[accelerator.config]\ndtype_mask = 3\n')
+    model = tmp_path / "qdq.onnx"
+    onnx.save(onnx_models.qdq_mlp(), str(model))
+    np.savez(tmp_path / "in.npz", **_feeds("qdq_mlp"))
+    assert cli_main(["run", str(model), "--inputs", str(tmp_path / "in.npz"),
+                     "--out", str(tmp_path / "o.npz"), "--image", str(image)]) == 2
+    assert "needs int8 and int32 tensors" in capsys.readouterr().err

@@ -1,0 +1,441 @@
+"""ONNX -> graph IR, for the operators the VA-1 compiler claims (SUPPORTED_OPS).
+
+Static operands (Reshape's shape, Reduce axes, quantization scales and zero points,
+BatchNormalization statistics) must be constants: initializers, Constant nodes, or
+values given in `static_inputs`. Anything else is an OnnxImportError naming the
+operator and the node.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from ._ir import Graph, GraphError, Value
+
+
+class OnnxImportError(GraphError):
+    """The model uses something the compiler does not support (names op and node)."""
+
+
+_Handler = Callable[["_Importer", onnx.NodeProto, list["Value | None"]], list[Value]]
+_HANDLERS: dict[str, _Handler] = {}
+# Operands that must be compile-time constants, by op: input positions.
+STATIC_OPERANDS: dict[str, tuple[int, ...]] = {
+    "Reshape": (1,), "ReduceSum": (1,), "ReduceMean": (1,), "ReduceMax": (1,),
+    "ReduceMin": (1,), "Squeeze": (1,), "Unsqueeze": (1,),
+    "QuantizeLinear": (1, 2), "DequantizeLinear": (1, 2),
+    "BatchNormalization": (1, 2, 3, 4),
+}
+
+
+def _op(name: str) -> Callable[[_Handler], _Handler]:
+    def deco(fn: _Handler) -> _Handler:
+        _HANDLERS[name] = fn
+        return fn
+    return deco
+
+
+def supported_ops() -> list[str]:
+    return sorted(_HANDLERS)
+
+
+def _attrs(node: onnx.NodeProto) -> dict[str, Any]:
+    return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+
+
+_ONNX_DTYPES = {onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.FLOAT16: np.float16,
+                onnx.TensorProto.INT8: np.int8, onnx.TensorProto.INT32: np.int32}
+
+
+class _Importer:
+    def __init__(self, model: onnx.ModelProto, static_inputs: Mapping[str, Any]) -> None:
+        self.model = model
+        self.g = Graph(model.graph.name or "main")
+        self.env: dict[str, Value] = {}
+        self.static = {k: np.asarray(v) for k, v in static_inputs.items()}
+        self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
+                          1)
+        self.node: onnx.NodeProto | None = None
+
+    def fail(self, msg: str) -> OnnxImportError:
+        n = self.node
+        where = f"node {n.name or '(unnamed)'} ({n.op_type})" if n is not None else "model"
+        return OnnxImportError(f"{where}: {msg}")
+
+    def const(self, v: Value | None, what: str) -> np.ndarray:
+        if v is None or not v.is_const:
+            raise self.fail(f"{what} must be a constant (an initializer or Constant)")
+        assert v.const is not None
+        return v.const
+
+    def run(self) -> Graph:
+        graph = self.model.graph
+        for init in graph.initializer:
+            arr = numpy_helper.to_array(init)
+            self.env[init.name] = self.constant(arr, init.name)
+        for vi in graph.input:
+            if vi.name in self.env:
+                continue
+            if vi.name in self.static:
+                self.env[vi.name] = self.constant(self.static[vi.name], vi.name)
+                continue
+            t = vi.type.tensor_type
+            if t.elem_type not in _ONNX_DTYPES:
+                raise OnnxImportError(f"input {vi.name}: element type "
+                                      f"{onnx.TensorProto.DataType.Name(t.elem_type)} is not "
+                                      f"supported")
+            dims = []
+            for d in t.shape.dim:
+                if not d.HasField("dim_value") or d.dim_value <= 0:
+                    raise OnnxImportError(f"input {vi.name}: dimension {d.dim_param or '?'} "
+                                          f"is not static (the compiler needs fixed shapes)")
+                dims.append(d.dim_value)
+            self.env[vi.name] = self.g.input(vi.name, dims, _ONNX_DTYPES[t.elem_type])
+        for node in graph.node:
+            self.node = node
+            if node.domain not in ("", "ai.onnx"):
+                raise self.fail(f"operator {node.domain}.{node.op_type} is not supported")
+            h = _HANDLERS.get(node.op_type)
+            if h is None:
+                raise self.fail(f"operator {node.op_type} is not supported by the VA-1 "
+                                f"compiler (supported: {', '.join(supported_ops())})")
+            ins: list[Value | None] = []
+            for name in node.input:
+                if name == "":
+                    ins.append(None)
+                elif name not in self.env:
+                    raise self.fail(f"input {name!r} is not defined")
+                else:
+                    ins.append(self.env[name])
+            try:
+                outs = h(self, node, ins)
+            except OnnxImportError:
+                raise
+            except GraphError as e:
+                raise self.fail(str(e)) from None
+            real = [o for o in node.output]
+            if len([o for o in real if o]) > len(outs):
+                raise self.fail(f"only {len(outs)} output(s) supported, the node asks for "
+                                f"{len(real)}")
+            for name, v in zip(real, outs):
+                if name:
+                    self.env[name] = v
+        self.node = None
+        outs = []
+        for vo in graph.output:
+            if vo.name not in self.env:
+                raise OnnxImportError(f"graph output {vo.name} is not computed")
+            outs.append(self.env[vo.name])
+        seen: set[int] = set()
+        for vo, v in zip(graph.output, outs):
+            if v.is_const or id(v) in seen or any(v is i for i in self.g.inputs):
+                v = self.g.reshape(v, v.shape, name=f"{vo.name}_copy")
+            seen.add(id(v))
+            self.g.output(v, names=[vo.name])
+        return self.g
+
+    def constant(self, arr: np.ndarray, name: str) -> Value:
+        if arr.dtype == np.float64:
+            arr = arr.astype(np.float32)
+        if arr.dtype in (np.int64, np.int16, np.uint8, np.bool_):
+            # shape-like tensors: kept as int32 constants (only ever read at compile time)
+            if arr.dtype == np.uint8 and arr.size and arr.max() > 127:
+                return self.g.constant(arr.astype(np.int32), name=name)
+            arr = arr.astype(np.int32)
+        return self.g.constant(arr, name=name)
+
+
+def _float_act(op: str) -> _Handler:
+    def h(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value]:
+        return [im.g.add_node(op, [x[0]], {}, name=n.name or None)[0]]
+    return h
+
+
+_op("Relu")(_float_act("relu"))
+_op("Sigmoid")(_float_act("sigmoid"))
+
+
+@_op("Gelu")
+def _gelu(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value]:
+    approx = _attrs(n).get("approximate", b"none")
+    approx = approx.decode() if isinstance(approx, bytes) else approx
+    return [im.g.gelu(x[0], approximate=approx, name=n.name or None)]  # type: ignore[arg-type]
+
+
+def _binary(op: str) -> _Handler:
+    def h(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value]:
+        return [im.g.add_node(op, x[:2], {}, name=n.name or None)[0]]
+    return h
+
+
+_op("Add")(_binary("add"))
+_op("Sub")(_binary("sub"))
+_op("Mul")(_binary("mul"))
+_op("Div")(_binary("div"))
+
+
+@_op("MatMul")
+def _matmul(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value]:
+    return [im.g.matmul(x[0], x[1], name=n.name or None)]  # type: ignore[arg-type]
+
+
+@_op("Gemm")
+def _gemm(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value]:
+    a = _attrs(n)
+    bias = x[2] if len(x) > 2 else None
+    return [im.g.gemm(x[0], x[1], bias, trans_a=bool(a.get("transA", 0)),  # type: ignore[arg-type]
+                      trans_b=bool(a.get("transB", 0)), alpha=a.get("alpha", 1.0),
+                      beta=a.get("beta", 1.0), name=n.name or None)]
+
+
+@_op("Conv")
+def _conv(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value]:
+    a = _attrs(n)
+    inp, w = x[0], x[1]
+    assert inp is not None and w is not None
+    if len(inp.shape) != 4:
+        raise im.fail(f"only 2-D convolution (NCHW input) is supported, the input is "
+                      f"{list(inp.shape)}")
+    kh, kw = a.get("kernel_shape", w.shape[2:])
+    strides = tuple(a.get("strides", (1, 1)))
+    dil = tuple(a.get("dilations", (1, 1)))
+    pads = tuple(a.get("pads", (0, 0, 0, 0)))
+    auto = a.get("auto_pad", b"NOTSET")
+    auto = auto.decode() if isinstance(auto, bytes) else auto
+    if auto in ("SAME_UPPER", "SAME_LOWER"):
+        pads_hw = []
+        for d, k, s, dl in zip(inp.shape[2:], (kh, kw), strides, dil):
+            out = -(-d // s)
+            total = max(0, (out - 1) * s + (k - 1) * dl + 1 - d)
+            lo = total // 2 if auto == "SAME_UPPER" else total - total // 2
+            pads_hw.append((lo, total - lo))
+        pads = (pads_hw[0][0], pads_hw[1][0], pads_hw[0][1], pads_hw[1][1])
+    elif auto == "VALID":
+        pads = (0, 0, 0, 0)
+    # ONNX pads: [h_begin, w_begin, h_end, w_end] == (top, left, bottom, right)
+    return [im.g.conv2d(inp, w, x[2] if len(x) > 2 else None, stride=strides, padding=pads,
+                        dilation=dil, groups=int(a.get("group", 1)), name=n.name or None)]
+
+
+@_op("Softmax")
+def _softmax(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value]:
+    inp = x[0]
+    assert inp is not None
+    axis = int(_attrs(n).get("axis", -1 if im.opset >= 13 else 1))
+    if im.opset >= 13:
+        return [im.g.softmax(inp, axis, name=n.name or None)]
+    ax = axis % len(inp.shape)
+    rows = int(np.prod(inp.shape[:ax]))
+    flat = im.g.reshape(inp, (rows, -1))
+    return [im.g.reshape(im.g.softmax(flat, -1), inp.shape, name=n.name or None)]
+
+
+@_op("LayerNormalization")
+def _layernorm(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value]:
+    a = _attrs(n)
+    inp = x[0]
+    assert inp is not None
+    axis, eps = int(a.get("axis", -1)), float(a.get("epsilon", 1e-5))
+    y = im.g.layernorm(inp, x[1], x[2] if len(x) > 2 else None, axis=axis, epsilon=eps,
+                       name=n.name or None)
+    if len(n.output) < 2 or not any(n.output[1:]):
+        return [y]
+    # Mean and InvStdDev on the device: mean by REDUCE; with d = x - mean and
+    # z = layernorm(x) = d * inv, inv = sum(z * d) / sum(d * d) per row (exact
+    # algebraically; ill-conditioned only when a row is constant).
+    g = im.g
+    ax = axis % len(inp.shape)
+    axes = list(range(ax, len(inp.shape)))
+    mean = g.reduce(inp, "mean", axes, keepdims=True)
+    d = g.sub(inp, mean)
+    z = g.layernorm(inp, None, None, axis=axis, epsilon=eps)
+    num = g.reduce(g.mul(z, d), "sum", axes, keepdims=True)
+    den = g.reduce(g.mul(d, d), "sum", axes, keepdims=True)
+    return [y, mean, g.add_node("div", [num, den])[0]]
+
+
+@_op("BatchNormalization")
+def _bn(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value]:
+    a = _attrs(n)
+    if a.get("training_mode", 0):
+        raise im.fail("training_mode=1 is not supported (inference form only)")
+    for i, what in enumerate(("scale", "B", "input_mean", "input_var"), 1):
+        im.const(x[i], what)
+    return [im.g.batchnorm(x[0], x[1], x[2], x[3], x[4],  # type: ignore[arg-type]
+                           epsilon=float(a.get("epsilon", 1e-5)), name=n.name or None)]
+
+
+@_op("Reshape")
+def _reshape(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value]:
+    shape = im.const(x[1], "the shape operand").astype(np.int64).tolist()
+    inp = x[0]
+    assert inp is not None
+    if _attrs(n).get("allowzero", 0) and 0 in shape:
+        raise im.fail("allowzero with a 0 dimension (an empty tensor) is not supported")
+    return [im.g.reshape(inp, shape, name=n.name or None)]
+
+
+@_op("Flatten")
+def _flatten(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value]:
+    inp = x[0]
+    assert inp is not None
+    ax = int(_attrs(n).get("axis", 1))
+    ax = ax + len(inp.shape) if ax < 0 else ax
+    rows = int(np.prod(inp.shape[:ax]))
+    return [im.g.reshape(inp, (rows, -1), name=n.name or None)]
+
+
+@_op("Identity")
+def _identity(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value]:
+    inp = x[0]
+    assert inp is not None
+    return [im.g.reshape(inp, inp.shape, name=n.name or None)]
+
+
+@_op("Transpose")
+def _transpose(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value]:
+    perm = _attrs(n).get("perm")
+    return [im.g.transpose(x[0], None if perm is None else list(perm),  # type: ignore[arg-type]
+                           name=n.name or None)]
+
+
+def _reduce(op: str) -> _Handler:
+    def h(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value]:
+        a = _attrs(n)
+        axes: list[int] | None
+        if len(x) > 1 and x[1] is not None:
+            axes = im.const(x[1], "the axes operand").astype(np.int64).reshape(-1).tolist()
+        else:
+            axes = list(a["axes"]) if "axes" in a else None
+        if not axes:
+            if a.get("noop_with_empty_axes", 0):
+                inp = x[0]
+                assert inp is not None
+                return [im.g.reshape(inp, inp.shape, name=n.name or None)]
+            axes = None
+        return [im.g.reduce(x[0], op, axes, bool(a.get("keepdims", 1)),  # type: ignore[arg-type]
+                            name=n.name or None)]
+    return h
+
+
+_op("ReduceSum")(_reduce("sum"))
+_op("ReduceMean")(_reduce("mean"))
+_op("ReduceMax")(_reduce("max"))
+_op("ReduceMin")(_reduce("min"))
+
+
+def _axes_operand(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[int] | None:
+    if len(x) > 1 and x[1] is not None:
+        return [int(a) for a in im.const(x[1], "the axes operand").reshape(-1)]
+    a = _attrs(n).get("axes")
+    return None if a is None else [int(v) for v in a]
+
+
+@_op("Squeeze")
+def _squeeze(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value]:
+    inp = x[0]
+    assert inp is not None
+    axes = _axes_operand(im, n, x)
+    rank = len(inp.shape)
+    if axes is None:
+        drop = {i for i, d in enumerate(inp.shape) if d == 1}
+    else:
+        drop = {a + rank if a < 0 else a for a in axes}
+        if any(not 0 <= a < rank or inp.shape[a] != 1 for a in drop):
+            raise im.fail(f"axes {axes} do not name dimensions of size 1 in "
+                          f"{list(inp.shape)}")
+    shape = [d for i, d in enumerate(inp.shape) if i not in drop]
+    return [im.g.reshape(inp, shape, name=n.name or None)]
+
+
+@_op("Unsqueeze")
+def _unsqueeze(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value]:
+    inp = x[0]
+    assert inp is not None
+    axes = _axes_operand(im, n, x)
+    if axes is None:
+        raise im.fail("axes are required")
+    rank = len(inp.shape) + len(axes)
+    ins = sorted(a + rank if a < 0 else a for a in axes)
+    if len(set(ins)) != len(ins) or any(not 0 <= a < rank for a in ins):
+        raise im.fail(f"axes {axes} are out of range or repeated for rank {rank}")
+    shape = list(inp.shape)
+    for a in ins:
+        shape.insert(a, 1)
+    return [im.g.reshape(inp, shape, name=n.name or None)]
+
+
+def _qparams(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> tuple[float, int]:
+    a = _attrs(n)
+    scale = im.const(x[1], "the scale")
+    if scale.size != 1:
+        raise im.fail("per-axis (non-scalar) scales are not supported")
+    zp = 0
+    if len(x) > 2 and x[2] is not None:
+        zpa = im.const(x[2], "the zero point")
+        if zpa.size != 1:
+            raise im.fail("per-axis (non-scalar) zero points are not supported")
+        if x[2].dtype != "int8" and not (n.op_type == "DequantizeLinear"
+                                          and x[2].dtype == "int32"):
+            raise im.fail(f"zero point of type {x[2].dtype} (int8 only)")
+        zp = int(zpa.reshape(-1)[0])
+    elif n.op_type == "QuantizeLinear" and "output_dtype" in a and a["output_dtype"] != \
+            onnx.TensorProto.INT8:
+        raise im.fail("only int8 output is supported")
+    elif n.op_type == "QuantizeLinear":
+        raise im.fail("QuantizeLinear without a zero point means uint8 (not supported)")
+    if a.get("block_size", 0):
+        raise im.fail("blocked quantization is not supported")
+    return float(scale.reshape(-1)[0]), zp
+
+
+@_op("QuantizeLinear")
+def _quantize(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value]:
+    scale, zp = _qparams(im, n, x)
+    inp = x[0]
+    assert inp is not None
+    if inp.dtype != "float32":
+        raise im.fail(f"input of type {inp.dtype} (float32 only)")
+    return [im.g.quantize(inp, scale, zp, name=n.name or None)]
+
+
+@_op("DequantizeLinear")
+def _dequantize(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value]:
+    scale, zp = _qparams(im, n, x)
+    if x[1] is not None and x[1].dtype != "float32":
+        raise im.fail(f"scale of type {x[1].dtype} (float32 only)")
+    return [im.g.dequantize(x[0], scale, zp, name=n.name or None)]  # type: ignore[arg-type]
+
+
+@_op("Constant")
+def _constant(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value]:
+    a = _attrs(n)
+    if "value" not in a:
+        raise im.fail(f"only the 'value' form is supported (got {sorted(a)})")
+    return [im.constant(numpy_helper.to_array(a["value"]), n.output[0])]
+
+
+def import_model(model: onnx.ModelProto | bytes | str,
+                 static_inputs: Mapping[str, Any] | None = None) -> Graph:
+    """An ONNX model (proto, serialized bytes or a path) as a Graph."""
+    if isinstance(model, (bytes, bytearray)):
+        model = onnx.load_model_from_string(bytes(model))
+    elif isinstance(model, str):
+        model = onnx.load(model)
+    if not isinstance(model, onnx.ModelProto):
+        raise OnnxImportError(f"not an ONNX model: {type(model).__name__}")
+    return _Importer(model, static_inputs or {}).run()
+
+
+def static_input_names(model: onnx.ModelProto) -> set[str]:
+    """Graph inputs used as static operands (see STATIC_OPERANDS)."""
+    inits = {i.name for i in model.graph.initializer}
+    names: set[str] = set()
+    for node in model.graph.node:
+        for pos in STATIC_OPERANDS.get(node.op_type, ()):
+            if pos < len(node.input) and node.input[pos] and node.input[pos] not in inits:
+                names.add(node.input[pos])
+    return names

@@ -1,0 +1,248 @@
+"""Graph passes: shape/type inference, constant folding, dead-code elimination,
+BatchNorm folding, bias/activation fusion into GEMM/CONV2D epilogues, and the numpy
+reference run used by constant folding, calibration and tests.
+
+Every pass rewrites the graph in place and returns how many changes it made, so the
+driver can report what each pass did.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+
+from . import _ops
+from ._ir import Graph, GraphError, Node, Value
+
+
+def infer_shapes(g: Graph) -> int:
+    """Re-infer every node's output shape/dtype and check it against what is recorded
+    (a pass that broke shapes is caught here, naming the node)."""
+    defined = {id(v) for v in g.inputs}
+    for n in g.nodes:
+        for i, v in enumerate(n.inputs):
+            if v is not None and not v.is_const and id(v) not in defined:
+                raise GraphError(f"node {n.name} ({n.op}): operand {i} {v.name} is not "
+                                 f"defined before it")
+        spec = _ops.get(n.op)
+        try:
+            got = spec.infer(n)
+        except GraphError as e:
+            raise GraphError(f"node {n.name} ({n.op}): {e}") from None
+        if len(got) != len(n.outputs):
+            raise GraphError(f"node {n.name}: {len(got)} results inferred, "
+                             f"{len(n.outputs)} recorded")
+        for (shape, dt), v in zip(got, n.outputs):
+            if tuple(shape) != v.shape or dt != v.dtype:
+                raise GraphError(f"node {n.name} ({n.op}): output {v.name} is recorded as "
+                                 f"{v.dtype}{list(v.shape)} but infers {dt}{list(shape)}")
+            defined.add(id(v))
+    for v in g.outputs:
+        if not v.is_const and id(v) not in defined:
+            raise GraphError(f"graph output {v.name} is not computed by the graph")
+    return 0
+
+
+def reference_run(g: Graph, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """Evaluate the graph in numpy: {output name: array}. Also the PTQ calibrator."""
+    env = _run(g, feeds)
+    return {v.name: env[id(v)] for v in g.outputs}
+
+
+def _run(g: Graph, feeds: Mapping[str, Any]) -> dict[int, np.ndarray]:
+    env: dict[int, np.ndarray] = {}
+    for v in g.inputs:
+        if v.name not in feeds:
+            raise GraphError(f"no value fed for input {v.name}")
+        env[id(v)] = np.asarray(feeds[v.name], dtype=v.dtype).reshape(v.shape)
+
+    def get(v: Value | None) -> Any:
+        if v is None:
+            return None
+        return v.const if v.is_const else env[id(v)]
+
+    for n in g.nodes:
+        outs = _ops.evaluate(n, [get(v) for v in n.inputs])
+        for v, a in zip(n.outputs, outs):
+            env[id(v)] = np.asarray(a, dtype=v.dtype).reshape(v.shape)
+    for v in g.outputs:
+        if v.is_const:
+            env[id(v)] = v.const  # type: ignore[assignment]
+    return env
+
+
+def fold_constants(g: Graph) -> int:
+    """Evaluate nodes whose operands are all constants at compile time."""
+    changed = 0
+    keep: list[Node] = []
+    for n in g.nodes:
+        if all(v is None or v.is_const for v in n.inputs) and n.inputs:
+            outs = _ops.evaluate(n, [None if v is None else v.const for v in n.inputs])
+            for v, a in zip(n.outputs, outs):
+                arr = np.ascontiguousarray(np.asarray(a, dtype=v.dtype).reshape(v.shape))
+                arr.setflags(write=False)
+                v.const, v.producer = arr, None
+            changed += 1
+        else:
+            keep.append(n)
+    g.nodes = keep
+    return changed
+
+
+def eliminate_dead_code(g: Graph) -> int:
+    """Drop nodes none of whose outputs reach a graph output."""
+    live = {id(v) for v in g.outputs}
+    keep: list[Node] = []
+    for n in reversed(g.nodes):
+        if any(id(o) in live for o in n.outputs):
+            keep.append(n)
+            live.update(id(v) for v in n.inputs if v is not None)
+    removed = len(g.nodes) - len(keep)
+    g.nodes = keep[::-1]
+    return removed
+
+
+def _single_use(g: Graph, v: Value) -> bool:
+    return len(g.consumers().get(id(v), [])) == 1 and v not in g.outputs
+
+
+def _replace_uses(g: Graph, old: Value, new: Value) -> None:
+    for n in g.nodes:
+        n.inputs = [new if v is old else v for v in n.inputs]
+    g.outputs = [new if v is old else v for v in g.outputs]
+
+
+def _forward(g: Graph, node: Node, producer_out: Value) -> None:
+    """Make `producer_out` take the place of `node`'s single output (and its name)."""
+    out = node.outputs[0]
+    was_output = any(v is out for v in g.outputs)
+    _replace_uses(g, out, producer_out)
+    if was_output:
+        producer_out.name = out.name  # graph outputs keep their names
+    g.nodes.remove(node)
+
+
+def fold_batchnorm(g: Graph) -> int:
+    """BatchNorm(conv2d/gemm(x)) with constant parameters -> the conv/gemm with scaled
+    weights and shifted bias. gemm qualifies when its output channels are axis 1."""
+    changed = 0
+    for bn in [n for n in g.nodes if n.op == "batchnorm"]:
+        x = bn.inputs[0]
+        p = x.producer if x is not None else None
+        if p is None or p.op not in ("conv2d", "gemm") or p.attrs.get("activation"):
+            continue
+        if not all(v is not None and v.is_const for v in bn.inputs[1:]):
+            continue
+        if x is None or not _single_use(g, x) or p.inputs[1] is None or \
+                not p.inputs[1].is_const:
+            continue
+        if p.op == "gemm" and (p.attrs.get("trans_a") or p.inputs[0].dtype != "float32"):  # type: ignore[union-attr]
+            continue
+        consts = [v.const for v in bn.inputs[1:] if v is not None and v.const is not None]
+        scale, shift, mean, var = (c.astype(np.float64) for c in consts)
+        inv = scale / np.sqrt(var + bn.attrs["epsilon"])
+        wv = p.inputs[1]
+        assert wv is not None and wv.const is not None
+        w = wv.const.astype(np.float64)
+        old_bias = p.inputs[2] if len(p.inputs) > 2 else None
+        n_out = p.outputs[0].shape[1]
+        if old_bias is not None and old_bias.const is None:
+            continue
+        b_old = None if old_bias is None else old_bias.const
+        if p.op == "conv2d":
+            w = w * inv.reshape(-1, 1, 1, 1)
+            b0 = np.zeros(n_out) if b_old is None else b_old.astype(np.float64)
+        else:
+            if b_old is not None and (b_old.ndim > 1 or b_old.size not in (1, n_out)):
+                continue                      # a full (m, n) C: not a per-channel bias
+            alpha, beta = p.attrs.get("alpha", 1.0), p.attrs.get("beta", 1.0)
+            w = alpha * (w * inv.reshape(-1, 1) if p.attrs.get("trans_b")
+                         else w * inv.reshape(1, -1))
+            b0 = np.zeros(n_out) if b_old is None else \
+                beta * np.broadcast_to(b_old.reshape(-1).astype(np.float64), (n_out,))
+            p.attrs["alpha"], p.attrs["beta"] = 1.0, 1.0
+        new_b = (np.asarray(b0, np.float64) - mean) * inv + shift
+        p.inputs[1] = g.constant(w.astype(np.float32), name=wv.name + "_bnfold")
+        bias_v = g.constant(new_b.astype(np.float32), name=f"{p.name}_bias_bnfold")
+        if len(p.inputs) > 2:
+            p.inputs[2] = bias_v
+        else:
+            p.inputs.append(bias_v)
+        _forward(g, bn, p.outputs[0])
+        changed += 1
+    return changed
+
+
+def _bias_vector(v: Value, n_out: int, axis_last: bool, rank: int) -> np.ndarray | None:
+    """The per-output-channel bias `v` denotes when added to a gemm/conv result."""
+    if not v.is_const:
+        return None
+    c = v.const
+    assert c is not None
+    if axis_last:      # gemm output (m, n): bias (n,) or (1, n)
+        if c.shape in ((n_out,), (1, n_out)):
+            return c.reshape(n_out)
+        return None
+    # conv output (N, C, H, W): bias (C, 1, 1) or (1, C, 1, 1)
+    if c.ndim >= 3 and c.size == n_out and c.shape[-3] == n_out and c.ndim <= rank:
+        return c.reshape(n_out)
+    return None
+
+
+def fuse_epilogues(g: Graph, activations: frozenset[str] = frozenset({"relu"})) -> int:
+    """add(gemm/conv, const bias) -> bias in the epilogue; relu(gemm/conv) -> its
+    activation. Only for producers whose output has no other consumer."""
+    changed = 0
+    for n in g.nodes:   # 2-D matmul is a gemm (so it can take an epilogue)
+        if n.op == "matmul" and all(v is not None and len(v.shape) == 2 for v in n.inputs):
+            n.op = "gemm"
+            n.inputs = list(n.inputs) + [None]
+            n.attrs = {"trans_a": False, "trans_b": False, "alpha": 1.0, "beta": 1.0,
+                       "activation": None}
+            changed += 1
+    progress = True
+    while progress:
+        progress = False
+        for n in list(g.nodes):
+            if n.op == "add":
+                for i in (0, 1):
+                    x, b = n.inputs[i], n.inputs[1 - i]
+                    p = x.producer if x is not None else None
+                    if p is None or p.op not in ("gemm", "conv2d") or p.attrs.get("activation"):
+                        continue
+                    if (len(p.inputs) > 2 and p.inputs[2] is not None) or not _single_use(g, x):  # type: ignore[arg-type]
+                        continue
+                    if p.op == "gemm" and p.attrs.get("beta", 1.0) != 1.0:
+                        continue
+                    out = p.outputs[0]
+                    if n.outputs[0].shape != out.shape or b is None:
+                        continue
+                    vec = _bias_vector(b, out.shape[1] if p.op == "conv2d" else out.shape[1],
+                                       p.op == "gemm", len(out.shape))
+                    if vec is None or vec.dtype != np.dtype(out.dtype):
+                        continue
+                    bias_v = g.constant(vec, name=f"{p.name}_bias")
+                    if len(p.inputs) > 2:
+                        p.inputs[2] = bias_v
+                    else:
+                        p.inputs.append(bias_v)
+                    _forward(g, n, out)
+                    changed += 1
+                    progress = True
+                    break
+            elif n.op in activations:
+                x = n.inputs[0]
+                p = x.producer if x is not None else None
+                if p is None or p.op not in ("gemm", "conv2d") or p.attrs.get("activation"):
+                    continue
+                if not _single_use(g, x) or p.outputs[0].dtype != "float32":  # type: ignore[arg-type]
+                    continue
+                if n.op == "gelu" and n.attrs.get("approximate", "none") != "none":
+                    continue
+                p.attrs["activation"] = n.op
+                _forward(g, n, p.outputs[0])
+                changed += 1
+                progress = True
+            if progress:
+                break
+    return changed

@@ -1,0 +1,83 @@
+"""Optional int8 post-training quantization (PTQ) from calibration data.
+
+Every gemm / conv2d with constant f32 weights becomes
+    quantize(x, sx) -> int8 gemm/conv (int32 accumulate, int32 bias, relu kept)
+    -> dequantize(., sx * sw)
+with symmetric per-tensor scales: sx from the largest |x| the calibration feeds produce
+at that operand, sw from the weights. Other ops stay f32.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ._ir import Graph, GraphError, Node
+from ._passes import _run
+
+_QMAX = 127.0
+
+
+def _scale(maxabs: float) -> float:
+    return float(maxabs) / _QMAX if maxabs > 0 else 1.0
+
+
+def quantize_int8(g: Graph, calibration: Sequence[Mapping[str, Any]]) -> int:
+    """Rewrite `g` in place; returns how many gemm/conv2d nodes were quantized."""
+    if not calibration:
+        raise GraphError("int8 quantization needs at least one calibration feed")
+    targets = [n for n in g.nodes if n.op in ("gemm", "conv2d")
+               and n.inputs[0] is not None and n.inputs[0].dtype == "float32"
+               and n.inputs[1] is not None and n.inputs[1].is_const
+               and (len(n.inputs) < 3 or n.inputs[2] is None or n.inputs[2].is_const)
+               and n.attrs.get("activation") in (None, "relu")
+               and not (n.op == "gemm" and n.attrs.get("trans_a"))
+               and not (n.op == "conv2d" and n.attrs.get("groups", 1) != 1)]
+    maxabs: dict[int, float] = {}
+    for feeds in calibration:
+        env = _run(g, feeds)
+        for n in targets:
+            x = n.inputs[0]
+            assert x is not None
+            a = x.const if x.const is not None else env[id(x)]
+            maxabs[id(n)] = max(maxabs.get(id(n), 0.0), float(np.max(np.abs(a))))
+    count = 0
+    new_nodes: list[Node] = []
+    for n in g.nodes:
+        if n not in targets:
+            new_nodes.append(n)
+            continue
+        x, w = n.inputs[0], n.inputs[1]
+        assert x is not None and w is not None and w.const is not None
+        bias = n.inputs[2] if len(n.inputs) > 2 else None
+        sx = _scale(maxabs[id(n)])
+        wf = w.const.astype(np.float64)
+        if n.op == "gemm":
+            wf = wf * n.attrs.get("alpha", 1.0)
+        sw = _scale(float(np.max(np.abs(wf))))
+        wq = np.clip(np.rint(wf / sw), -127, 127).astype(np.int8)
+        xq = Node("quantize", [x], [], {"scale": sx, "zero_point": 0}, g.unique(f"{n.name}_q"))
+        from ._ir import Value
+        xq.outputs = [Value(g.unique(f"{n.name}_xq"), x.shape, "int8", producer=xq)]
+        new_nodes.append(xq)
+        n.inputs[0] = xq.outputs[0]
+        n.inputs[1] = g.constant(wq, name=f"{w.name}_q")
+        if bias is not None:
+            bf = np.broadcast_to(bias.const, bias.shape).astype(np.float64)  # type: ignore[arg-type]
+            if n.op == "gemm":
+                bf = bf * n.attrs.get("beta", 1.0)
+            n.inputs[2] = g.constant(np.rint(bf / (sx * sw)).astype(np.int32),
+                                     name=f"{bias.name}_q")
+        if n.op == "gemm":
+            n.attrs["alpha"], n.attrs["beta"] = 1.0, 1.0
+        y = n.outputs[0]
+        yq = Value(g.unique(f"{y.name}_i32"), y.shape, "int32", producer=n)
+        n.outputs = [yq]
+        new_nodes.append(n)
+        dq = Node("dequantize", [yq], [y], {"scale": sx * sw, "zero_point": 0},
+                  g.unique(f"{n.name}_dq"))
+        y.producer = dq
+        new_nodes.append(dq)
+        count += 1
+    g.nodes = new_nodes
+    return count
