@@ -7,13 +7,17 @@ Wiring (by the VMM):
   or as a PCIe function (device_model.pci.api.PciFunction):
     fn = VirtioPciFunction(dev, msi=msi_port, tracer=tracer, intx=None)
     fn.config_read(off, size); fn.bar_write(0, off, size, value); fn.function_level_reset()
+  or as an SR-IOV card (PF + VFs; see device_model/va1/card.py):
+    card = Va1Card(Va1Config(), DevicePorts(...), memory_size=..., total_vfs=64)
+    pf = VirtioPciFunction.physical_function(card, msi=msi_port, platform=sriov_platform)
 """
 from .ports import DevicePorts, DmaFault
+from .va1.card import Va1Card
 from .va1.config import Va1Config
 from .va1.device import Va1Device
 from .virtio.mmio import MmioTransport, Violation
 from .virtio.pci import VirtioPciFunction
 from .virtio.queue import RingError
 
-__all__ = ["DevicePorts", "DmaFault", "MmioTransport", "RingError", "Va1Config",
+__all__ = ["DevicePorts", "DmaFault", "MmioTransport", "RingError", "Va1Card", "Va1Config",
            "Va1Device", "VirtioPciFunction", "Violation"]

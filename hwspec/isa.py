@@ -31,6 +31,7 @@ class Opcode(IntEnum):
     DEQUANTIZE = 0x1D
     SIGNAL = 0x20
     TIMESTAMP = 0x21
+    WAIT = 0x22          # poll a host u64 until it is >= value (preemptible)
     CALL = 0x28          # run a sub-buffer at an IOVA (bounded nesting)
 
 
@@ -89,6 +90,11 @@ ELT_FLAGS_ALL = ELT_BROADCAST_B
 # CONV2D header flags.
 CONV_BIAS = 1 << 0
 CONV_FLAGS_ALL = CONV_BIAS
+
+# WAIT: polling in virtual time. The first poll is at the command's start; the next
+# ones follow after WAIT_POLL_MIN_NS, doubling up to WAIT_POLL_MAX_NS (backoff).
+WAIT_POLL_MIN_NS = 1_000
+WAIT_POLL_MAX_NS = 64_000
 
 # COPY: at most this many dimensions.
 COPY_MAX_DIMS = 4
@@ -149,6 +155,7 @@ PAYLOAD: dict[Opcode, Layout] = {
     Opcode.DEQUANTIZE: _QUANT,
     Opcode.SIGNAL: Layout("va1_signal", (("addr", "Q"), ("value", "Q"))),
     Opcode.TIMESTAMP: Layout("va1_timestamp", (("addr", "Q"),)),
+    Opcode.WAIT: Layout("va1_wait", (("addr", "Q"), ("value", "Q"))),
     Opcode.CALL: Layout("va1_call", (("addr", "Q"), ("size", "I"), ("reserved", "I"))),
 }
 

@@ -217,3 +217,17 @@ CTX_MAP_REQ = Layout("va1_ctx_map_req", (
 CTX_PAGE = 4096
 CTX_MAP_READ = 1
 CTX_MAP_WRITE = 2
+
+# CONTEXT_CREATE flags (va1_ctrl_req.flags).
+CTX_CREATE_FLAT = 1    # the context sees the whole function memory at VA = PA
+CTX_CREATE_FLAGS_ALL = CTX_CREATE_FLAT
+
+# Scheduling defaults of a function (spec "Scheduling"); the admin queue sets a VF's.
+DEFAULT_VF_NUM_SUBMIT_QUEUES = 2
+DEFAULT_VF_MAX_CONTEXTS = 16
+DEFAULT_WEIGHT = 1
+DEFAULT_PRIORITY = 0
+MAX_PRIORITY = 2
+DEFAULT_EXEC_QUANTUM_NS = 100_000            # 100 us
+DEFAULT_PREEMPTION_TIMEOUT_NS = 1_000_000_000  # 1 s of device time per command
+MAX_SUBMIT_QUEUES_PER_FUNCTION = 16

@@ -660,6 +660,16 @@ class CommandBufferBuilder:
         return self._emit(Opcode.SIGNAL, 0, {"addr": addr, "value": value},
                           name or f"SIGNAL addr={addr:#x} value={value}")
 
+    def wait(self, addr: IntLike, value: IntLike, *, name: str | None = None) -> int:
+        """Wait until the 8-byte value at host IOVA `addr` is >= `value` (the device
+        polls in virtual time with backoff; the function's preemption timeout bounds
+        the wait: a WAIT never satisfied fails with TIMEOUT)."""
+        addr = _addr(addr, "WAIT addr")
+        _range(addr, 8, "WAIT addr")
+        value = _uint(value, "WAIT value", U64_MAX)
+        return self._emit(Opcode.WAIT, 0, {"addr": addr, "value": value},
+                          name or f"WAIT addr={addr:#x} value>={value}")
+
     def timestamp(self, addr: IntLike, *, name: str | None = None) -> int:
         """Write the command's start time (ns, 8 bytes) to host IOVA `addr`."""
         addr = _addr(addr, "TIMESTAMP addr")

@@ -23,6 +23,7 @@ from hwspec.va1 import Status
 
 from ..ports import DmaFault, DmaPort
 from .config import Va1Config
+from .aspace import AddressSpace
 from .memory import DeviceMemory
 from .ops import kernels
 from .timing import roofline_ns
@@ -37,6 +38,8 @@ _MATH_DTYPES = isa.FLOAT_DTYPES
 _GEMM_DTYPES = frozenset({DType.F32, DType.F16, DType.I8})
 _ALL_DTYPES = frozenset(DType)
 _DTYPE_VALUES = frozenset(int(d) for d in DType)
+# Operand names that the command writes (every other device operand is only read).
+_WRITTEN = frozenset({"dst", "C", "out", "y"})
 
 
 class CommandError(Exception):
@@ -95,6 +98,7 @@ class DecodeEnv:
     fp16: bool        # VA1_F_FP16 negotiated
     timestamp: bool   # VA1_F_TIMESTAMP negotiated
     int8: bool = False  # VA1_F_INT8 negotiated (I8 and I32 tensors)
+    aspace: AddressSpace | None = None  # the context's address space (None: FLAT)
 
 
 class _Checker:
@@ -147,6 +151,17 @@ class _Checker:
         return n
 
     def device(self, addr: int, size: int, what: str) -> np.ndarray:
+        """A device operand: a context VA range, translated through the context's
+        mappings (destinations need WRITE, sources READ) to function memory."""
+        aspace = self.env.aspace
+        if aspace is not None:
+            pa = aspace.translate(addr, size, what in _WRITTEN)
+            if pa < 0:
+                raise self.fail(Status.OUT_OF_BOUNDS,
+                                f"{what} [{addr:#x}, +{size:#x}) not inside one "
+                                f"{'writable' if what in _WRITTEN else 'readable'} "
+                                "mapping of the context")
+            addr = pa
         if not self.env.memory.contains(addr, size):
             raise self.fail(Status.OUT_OF_BOUNDS,
                             f"{what} [{addr:#x}, +{size:#x}) outside device memory "
@@ -244,6 +259,10 @@ def _resolve(ck: _Checker, opcode: Opcode, flags: int, p: tuple) -> Command:  # 
                                                 bandwidth=cfg.mem_bandwidth),
                        src=sview, dst=dview, size=size)
     if opcode == Opcode.SIGNAL:
+        addr, value = p
+        ck.host(addr, 8, "addr")
+        return Command(opcode, off, roofline_ns(ov), host_addr=addr, value=value)
+    if opcode == Opcode.WAIT:
         addr, value = p
         ck.host(addr, 8, "addr")
         return Command(opcode, off, roofline_ns(ov), host_addr=addr, value=value)

@@ -6,8 +6,9 @@ memory does, no exception leaves `notify` or a timer callback: broken rings beco
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Sequence
+import struct
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from hwspec import va1
 from hwspec import virtio as V
@@ -18,15 +19,23 @@ from ..virtio.device import VirtioDevice, VirtioInterrupt
 from ..virtio.queue import DescriptorChain, Queue, RingError
 from .commands import Command, CommandError, DecodeEnv, decode
 from .config import Va1Config
+from .aspace import AddressSpace
 from .engine import CommandProcessor, Submission
 from .memory import DeviceMemory
+from .scheduler import Scheduler
 from .metrics import Metrics
 from .requests import (CtrlRequest, SubmitRequest, bad_request_reply, ctrl_response_size,
                        pack_ctrl_resp, pack_event, pack_stats_resp, pack_submit_resp)
 
+if TYPE_CHECKING:  # pragma: no cover
+    from .card import AdminHandler
+
 OFFERED_FEATURES = (
     1 << V.F_VERSION_1 | 1 << V.F_ACCESS_PLATFORM | 1 << V.F_RING_INDIRECT_DESC
     | 1 << V.F_RING_EVENT_IDX | 1 << va1.F_FP16 | 1 << va1.F_INT8 | 1 << va1.F_TIMESTAMP)
+PF_ONLY_FEATURES = 1 << V.F_SR_IOV | 1 << V.F_ADMIN_VQ
+ADMIN_QUEUE_SIZE_MAX = 64
+ADMIN_CMD_MAX = 4096            # readable bytes of one admin command
 
 _NO_FAULT = frozenset({Status.OK, Status.ABORTED, Status.BAD_CONTEXT, Status.CONTEXT_FAULTED})
 _U64 = 1 << 64
@@ -36,25 +45,38 @@ _U64 = 1 << 64
 class Context:
     id: int
     faulted: bool = False
+    flat: bool = False
+    aspace: AddressSpace = field(default_factory=AddressSpace)
 
 
 class Va1Device(VirtioDevice):
     """One VA-1 function (the single-function mmio device, later a PF or VF)."""
 
-    def __init__(self, config: Va1Config, ports: DevicePorts) -> None:
+    def __init__(self, config: Va1Config, ports: DevicePorts, *,
+                 memory: DeviceMemory | None = None, scheduler: Scheduler | None = None,
+                 function_index: int = 0, admin: "AdminHandler | None" = None) -> None:
+        """A single-function device by default (its own memory of
+        `config.device_memory_size` bytes and its own `num_compute_units` engines). On a
+        card (card.py) the function gets its partition of the card memory, the card's
+        scheduler, its function number (0 PF, n VF n) and, on the PF, the admin handler
+        (which adds the admin virtqueue after the other queues)."""
         self.config = config
         self.ports = ports
         self.dma = ports.dma
         self.clock = ports.clock
         self.tracer = ports.tracer
-        self.memory = DeviceMemory(config.device_memory_size)
+        self.memory = memory if memory is not None else DeviceMemory(config.device_memory_size)
         self.metrics = Metrics()
+        self.admin = admin
         self._config_bytes = config.pack()
         self.num_queues = va1.FIRST_SUBMITQ + config.num_submit_queues
         self.submitqs = list(range(va1.FIRST_SUBMITQ, self.num_queues))
         self.processor = CommandProcessor(
             self.submitqs, config.num_compute_units, self.dma, self.clock, self.tracer,
-            self.metrics, self._prepare, self._complete_submission)
+            self.metrics, self._prepare, self._complete_submission, scheduler=scheduler,
+            function_index=function_index)
+        self.function_index = function_index
+        self.admin_queue_index: int | None = self.num_queues if admin is not None else None
         self.acked_features = 0
         self.queues: list[Queue] = []
         self.interrupt: VirtioInterrupt | None = None
@@ -73,13 +95,27 @@ class Va1Device(VirtioDevice):
         return va1.MMIO_VENDOR_ID
 
     def avail_features(self) -> int:
-        return OFFERED_FEATURES
+        return OFFERED_FEATURES | (PF_ONLY_FEATURES if self.admin is not None else 0)
 
     def ack_features(self, features: int) -> None:
-        self.acked_features = features & OFFERED_FEATURES
+        self.acked_features = features & self.avail_features()
 
     def queue_max_sizes(self) -> Sequence[int]:
-        return [self.config.queue_size_max] * self.num_queues
+        sizes = [self.config.queue_size_max] * self.num_queues
+        if self.admin is not None:
+            sizes.append(ADMIN_QUEUE_SIZE_MAX)
+        return sizes
+
+    def reconfigure(self, config: Va1Config, memory: DeviceMemory) -> None:
+        """New resources (a VF provisioned by its PF while no driver is live): queue
+        count, memory partition, contexts. Only between resets."""
+        self.reset()
+        self.config = config
+        self.memory = memory
+        self._config_bytes = config.pack()
+        self.num_queues = va1.FIRST_SUBMITQ + config.num_submit_queues
+        self.submitqs = list(range(va1.FIRST_SUBMITQ, self.num_queues))
+        self.processor.set_queues(self.submitqs)
 
     def read_config(self, offset: int, length: int) -> bytes:
         if offset < 0 or length < 0:
@@ -103,7 +139,10 @@ class Va1Device(VirtioDevice):
         if not self.queues[queue_index].ready:
             return
         try:
-            if queue_index == va1.CONTROLQ:
+            if queue_index == self.admin_queue_index:
+                if self._has(V.F_ADMIN_VQ):
+                    self._drain_adminq(queue_index)
+            elif queue_index == va1.CONTROLQ:
                 self._drain_controlq()
             elif queue_index == va1.EVENTQ:
                 self.queues[queue_index].pending(self.dma)  # checks avail.idx only
@@ -113,6 +152,8 @@ class Va1Device(VirtioDevice):
             self._break(e)
 
     def reset(self) -> None:
+        if self.admin is not None:
+            self.admin.pf_reset()
         self.processor.reset()
         self.metrics.reset()
         self.contexts.clear()
@@ -158,7 +199,7 @@ class Va1Device(VirtioDevice):
         q = self.queues[va1.CONTROLQ]
         while self._live() and (chain := q.pop(self.dma)) is not None:
             try:
-                raw = chain.read(self.dma, va1.CTRL_REQ.size)
+                raw = chain.read(self.dma, va1.CTX_MAP_REQ.size)
             except DmaFault as e:
                 raise RingError("ring/dma", f"controlq request: {e}") from None
             self.processor.schedule(self.config.cmd_overhead_ns,
@@ -189,13 +230,16 @@ class Va1Device(VirtioDevice):
             return bad_request_reply(wlen)
         if wlen < ctrl_response_size(req.type):
             return bad_request_reply(wlen)
-        if req.flags or req.reserved:
+        if req.type in (CtrlType.CONTEXT_MAP, CtrlType.CONTEXT_UNMAP):
+            return self._ctx_map(req.type, raw)
+        allowed = va1.CTX_CREATE_FLAGS_ALL if req.type == CtrlType.CONTEXT_CREATE else 0
+        if req.flags & ~allowed or req.reserved:
             status = Status.BAD_REQUEST
             if req.type == CtrlType.GET_STATS:
                 return pack_stats_resp(status, 0, 0, 0, 0, 0)
             return pack_ctrl_resp(status, req.context_id)
         if req.type == CtrlType.CONTEXT_CREATE:
-            status, cid = self._context_create()
+            status, cid = self._context_create(bool(req.flags & va1.CTX_CREATE_FLAT))
             self.tracer.emit("ctrl", type="CONTEXT_CREATE", context=cid, status=status.name)
             return pack_ctrl_resp(status, cid)
         if req.type == CtrlType.CONTEXT_DESTROY:
@@ -208,14 +252,34 @@ class Va1Device(VirtioDevice):
         return pack_stats_resp(Status.OK, m.submissions, m.commands, m.device_time_ns,
                                m.dma_bytes, m.faults)
 
-    def _context_create(self) -> tuple[Status, int]:
+    def _context_create(self, flat: bool = False) -> tuple[Status, int]:
         if len(self.contexts) >= self.config.max_contexts:
             return Status.NO_RESOURCES, 0
         cid = 1
         while cid in self.contexts:
             cid += 1
-        self.contexts[cid] = Context(cid)
+        self.contexts[cid] = Context(cid, flat=flat)
         return Status.OK, cid
+
+    def _ctx_map(self, type_: int, raw: bytes) -> bytes:
+        """CONTEXT_MAP / CONTEXT_UNMAP (va1_ctx_map_req, 40 bytes)."""
+        if len(raw) < va1.CTX_MAP_REQ.size:
+            return pack_ctrl_resp(Status.BAD_REQUEST, 0)
+        _, cid, flags, reserved, va, pa, size = struct.unpack(va1.CTX_MAP_REQ.format, raw)
+        name = "CONTEXT_MAP" if type_ == CtrlType.CONTEXT_MAP else "CONTEXT_UNMAP"
+        ctx = self.contexts.get(cid)
+        if reserved or (type_ == CtrlType.CONTEXT_UNMAP and (flags or pa)):
+            status = Status.BAD_REQUEST
+        elif ctx is None:
+            status = Status.BAD_CONTEXT
+        elif ctx.flat:
+            status = Status.BAD_ARG       # a FLAT context has no mappings to change
+        elif type_ == CtrlType.CONTEXT_MAP:
+            status = ctx.aspace.map(va, pa, size, flags, self.memory.size)
+        else:
+            status = ctx.aspace.unmap(va, size)
+        self.tracer.emit("ctrl", type=name, context=cid, status=status.name)
+        return pack_ctrl_resp(status, cid)
 
     def _context_destroy(self, cid: int) -> Status:
         if cid not in self.contexts:
@@ -274,7 +338,8 @@ class Va1Device(VirtioDevice):
         except DmaFault:
             return Status.DMA_FAULT, NO_OFFSET, []
         env = DecodeEnv(self.config, self.memory, self.dma, self._has(va1.F_FP16),
-                        self._has(va1.F_TIMESTAMP), int8=self._has(va1.F_INT8))
+                        self._has(va1.F_TIMESTAMP), int8=self._has(va1.F_INT8),
+                        aspace=None if ctx.flat else ctx.aspace)
         try:
             return Status.OK, NO_OFFSET, decode(buf, env)
         except CommandError as e:
@@ -302,6 +367,30 @@ class Va1Device(VirtioDevice):
                                                 sub.error_offset))
         except RingError as e:
             self._break(e)
+
+    # --- admin virtqueue (PF only) ----------------------------------------------------
+
+    def _drain_adminq(self, qi: int) -> None:
+        q = self.queues[qi]
+        while self._live() and (chain := q.pop(self.dma)) is not None:
+            try:
+                raw = chain.read(self.dma, ADMIN_CMD_MAX)
+            except DmaFault as e:
+                raise RingError("ring/dma", f"admin command: {e}") from None
+            self.processor.schedule(self.config.cmd_overhead_ns,
+                                    self._admin_callback(qi, chain, raw), "va1-admin")
+
+    def _admin_callback(self, qi: int, chain: DescriptorChain,
+                        raw: bytes) -> Callable[[], None]:
+        def run() -> None:
+            try:
+                if not self._live() or self.admin is None:
+                    return
+                reply = self.admin.admin_command(raw, chain.writable_len)
+                self._return_chain(qi, chain, reply)
+            except RingError as e:
+                self._break(e)
+        return run
 
     # --- eventq ----------------------------------------------------------------------
 

@@ -1,9 +1,12 @@
 """The VA-1 command processor: runs validated commands with numpy and schedules
 submissions on compute units in virtual time (spec §6, §7).
 
-Scheduling: each submit queue runs its submissions in order, one at a time; up to
-`num_compute_units` engines run submissions of different queues concurrently; a free
-engine takes the next queue with work, round robin.
+Scheduling: each submit queue runs its submissions in order, one at a time; the card's
+compute units (engines, shared by all functions: scheduler.py) run submissions of
+different queues concurrently; a function given a free engine takes its next queue with
+work, round robin. A run may be preempted at a command boundary (scheduler.py) and then
+resumes at its next command; a command longer than the function's preemption timeout
+stops at the timeout and fails its submission with TIMEOUT; WAIT polls in virtual time.
 
 Virtual-time exactness: a command's effects belong at its end time. The processor
 applies a command early only while its end time is <= `clock.next_event_ns()` (no other
@@ -18,6 +21,7 @@ from typing import Callable
 
 import numpy as np
 
+from hwspec import isa
 from hwspec.isa import Activation, DType, EltOp, Opcode
 from hwspec.va1 import NO_OFFSET, Status
 
@@ -27,8 +31,10 @@ from .commands import Command
 from .metrics import Metrics
 from .ops.activations import apply_activation, gelu64, sigmoid64
 from .requests import SubmitRequest
+from .scheduler import FunctionSched, Scheduler
 
 _F32 = np.dtype("<f4")
+_WAIT = Opcode.WAIT
 
 
 # --- the math ------------------------------------------------------------------------
@@ -45,7 +51,7 @@ def _execute(cmd: Command, dma: DmaPort, start_ns: int) -> None:
     if cmd.run is not None:  # the newer opcodes carry their bound kernel
         cmd.run()
         return
-    if op in (Opcode.NOP, Opcode.CALL):  # a CALL's callee commands follow it
+    if op in (Opcode.NOP, Opcode.CALL, Opcode.WAIT):  # a CALL's callee commands follow it
         return
     if op == Opcode.GEMM:
         _gemm(cmd)
@@ -132,9 +138,15 @@ class Submission:
 class _Run:
     sub: Submission
     slot: int                     # position of the queue in the processor
+    proc: "CommandProcessor"
     cmds: list[Command] = field(default_factory=list)
-    ends: list[int] = field(default_factory=list)
     next: int = 0
+    t: int = 0                    # start time of command `next`
+    cur_end: int = -1             # end of command `next` once committed (-1: not yet)
+    slice_start: int = 0          # when this run got its current engine
+    timed_out: bool = False
+    wait_first: int = -1          # first poll of the current WAIT
+    wait_polls: int = 0
 
 
 Prepare = Callable[[Submission], "tuple[Status, int, list[Command]]"]
@@ -142,11 +154,15 @@ Complete = Callable[[Submission], None]
 
 
 class CommandProcessor:
-    """Engines, per-queue FIFOs and the virtual-time runner."""
+    """One function's per-queue FIFOs and the virtual-time runner of its submissions.
+
+    The engines belong to a `Scheduler` (the card's); without one the processor makes a
+    private scheduler of `num_engines` engines (a single-function device)."""
 
     def __init__(self, queues: list[int], num_engines: int, dma: DmaPort, clock: Clock,
                  tracer: Tracer, metrics: Metrics, prepare: Prepare,
-                 complete: Complete) -> None:
+                 complete: Complete, scheduler: Scheduler | None = None,
+                 function_index: int = 0) -> None:
         self.queues = list(queues)
         self.num_engines = num_engines
         self.dma = dma
@@ -158,7 +174,17 @@ class CommandProcessor:
         self._epoch = 0
         self._timers: dict[int, Timer] = {}
         self._timer_seq = 0
+        self.sched: Scheduler | None = None
         self.reset()
+        self.sched = scheduler if scheduler is not None else Scheduler(num_engines)
+        self.engines = self.sched.engines
+        self.fs: FunctionSched = self.sched.register(self, function_index)
+
+    def detach(self) -> None:
+        """Leave the card's scheduler (a VF being dropped)."""
+        self.reset()
+        if self.sched is not None:
+            self.sched.unregister(self.fs)
 
     def reset(self) -> None:
         """Drop all queued and running work and cancel every pending event."""
@@ -167,11 +193,21 @@ class CommandProcessor:
             t.cancel()
         self._timers.clear()
         self.pending: list[deque[Submission]] = [deque() for _ in self.queues]
+        self.resume: list[_Run | None] = [None] * len(self.queues)
         self.busy = [False] * len(self.queues)
-        self.engines: list[_Run | None] = [None] * self.num_engines
+        self.sleeping = 0
         self._rr = 0
-        self._dispatching = False
-        self._again = False
+        self._last_ctx = -1
+        sched = self.sched
+        if sched is not None:
+            freed = False
+            for i, r in enumerate(sched.engines):
+                if r is not None and r.proc is self:
+                    sched.engines[i] = None
+                    freed = True
+            self.fs.running = 0
+            if freed:
+                sched.dispatch()
 
     # --- timers ----------------------------------------------------------------------
 
@@ -190,7 +226,24 @@ class CommandProcessor:
 
     # --- queueing --------------------------------------------------------------------
 
+    def set_queues(self, queues: list[int]) -> None:
+        """A new queue set (only while reset: nothing queued or running)."""
+        self.queues = list(queues)
+        self.reset()
+
+    def has_work(self) -> bool:
+        return any(self.pending) or any(r is not None for r in self.resume)
+
+    def startable(self) -> bool:
+        busy, resume = self.busy, self.resume
+        for i, q in enumerate(self.pending):
+            if (q or resume[i] is not None) and not busy[i]:
+                return True
+        return False
+
     def enqueue(self, sub: Submission) -> None:
+        if not self.fs.running and not self.has_work():
+            self.sched.became_active(self.fs)  # type: ignore[union-attr]
         self.pending[self.queues.index(sub.queue)].append(sub)
 
     def take_queued(self, context_id: int) -> list[Submission]:
@@ -204,43 +257,63 @@ class CommandProcessor:
         return taken
 
     def idle(self) -> bool:
-        return all(e is None for e in self.engines) and not any(self.pending)
+        return not self.fs.running and not self.sleeping and not self.has_work()
 
     def dispatch(self) -> None:
-        """Give free engines to queues with work, round robin."""
-        if self._dispatching:
-            self._again = True
-            return
-        self._dispatching = True
-        try:
-            while True:
-                self._again = False
-                engine = next((i for i, r in enumerate(self.engines) if r is None), None)
-                slot = self._next_queue() if engine is not None else None
-                if engine is None or slot is None:
-                    if not self._again:
-                        break
-                    continue
-                self._start(engine, slot)
-        finally:
-            self._dispatching = False
+        """Give free engines to functions with work (the card's scheduler decides)."""
+        self.sched.dispatch()  # type: ignore[union-attr]
 
     def _next_queue(self) -> int | None:
+        """Round robin across contexts (the next context id after the last one started,
+        among the heads of the startable queues), then across queues."""
         n = len(self.queues)
+        best = None
+        best_key = None
+        last = self._last_ctx
         for i in range(n):
             slot = (self._rr + i) % n
-            if self.pending[slot] and not self.busy[slot]:
-                self._rr = (slot + 1) % n
-                return slot
-        return None
+            if self.busy[slot]:
+                continue
+            run = self.resume[slot]
+            if run is not None:
+                cid = run.sub.req.context_id
+            elif self.pending[slot]:
+                cid = self.pending[slot][0].req.context_id
+            else:
+                continue
+            key = (cid <= last, cid)
+            if best_key is None or key < best_key:
+                best, best_key = slot, key
+        if best is not None:
+            self._rr = (best + 1) % n
+            assert best_key is not None
+            self._last_ctx = best_key[1]
+        return best
 
-    def _start(self, engine: int, slot: int) -> None:
-        sub = self.pending[slot].popleft()
+    def start_next(self, engine: int) -> None:
+        """The scheduler gave us `engine`: start (or resume) our next queue's work."""
+        slot = self._next_queue()
+        if slot is None:  # pragma: no cover - the scheduler asked startable() first
+            return
         self.busy[slot] = True
+        self.fs.running += 1
         now = self.clock.now_ns()
+        run = self.resume[slot]
+        if run is not None:
+            self.resume[slot] = None
+            run.t = now
+            run.slice_start = now
+            run.sub.engine = engine
+            self.engines[engine] = run
+            self.tracer.emit("submit_resume", queue=run.sub.queue,
+                             context=run.sub.req.context_id, fence=run.sub.req.fence_seq,
+                             engine=engine, start_ns=now)
+            self._step(run)
+            return
+        sub = self.pending[slot].popleft()
         sub.start_ns = now
         sub.engine = engine
-        run = _Run(sub, slot)
+        run = _Run(sub, slot, self, t=now, slice_start=now)
         self.engines[engine] = run
         self.tracer.emit("submit_start", queue=sub.queue, context=sub.req.context_id,
                          fence=sub.req.fence_seq, engine=engine, start_ns=now)
@@ -250,56 +323,177 @@ class CommandProcessor:
             self._finish(run)
             return
         run.cmds = cmds
-        t = now
-        for c in cmds:
-            t += c.cost_ns
-            run.ends.append(t)
-        sub.end_ns = t
         self._step(run)
+
+    def _preempt(self, run: _Run) -> None:
+        sub = run.sub
+        self.engines[sub.engine] = None
+        self.busy[run.slot] = False
+        self.resume[run.slot] = run
+        self.fs.running -= 1
+        self.fs.preemptions += 1
+        self.metrics.preemptions += 1
+        self.tracer.emit("preempt", queue=sub.queue, context=sub.req.context_id,
+                         fence=sub.req.fence_seq, engine=sub.engine, offset=run.next,
+                         at_ns=run.t)
+        self.sched.dispatch()  # type: ignore[union-attr]
+
+    def _sleep(self, run: _Run, until: int) -> None:
+        """A WAIT with competitors: give the engine up until the next poll; its queue
+        stays blocked (in order) and the run becomes startable again at `until`."""
+        sub = run.sub
+        self.engines[sub.engine] = None
+        self.fs.running -= 1
+        self.sleeping += 1
+        self.tracer.emit("wait_yield", queue=sub.queue, context=sub.req.context_id,
+                         engine=sub.engine, until_ns=until)
+
+        def wake() -> None:
+            self.sleeping -= 1
+            if not self.fs.running and not self.has_work():
+                self.sched.became_active(self.fs)  # type: ignore[union-attr]
+            self.busy[run.slot] = False
+            self.resume[run.slot] = run
+            self.dispatch()
+
+        self.schedule(until - self.clock.now_ns(), wake, "va1-wait-sleep")
+        self.dispatch()
 
     def _step(self, run: _Run) -> None:
         """Apply every command whose end time nobody can observe yet; then wait."""
         epoch = self._epoch
         now = self.clock.now_ns()
         sub = run.sub
-        while run.next < len(run.cmds):
-            end = run.ends[run.next]
+        fs = self.fs
+        cmds = run.cmds
+        sched = self.sched
+        assert sched is not None
+        shared = len(sched.functions) > 1
+        while run.next < len(cmds):
+            cmd = cmds[run.next]
+            if run.cur_end < 0:
+                # A command boundary at run.t.
+                if fs.stopped or shared and sched.competitor_waiting(
+                        fs, run.t - run.slice_start >= fs.exec_quantum_ns):
+                    if run.t > now:
+                        self.schedule(run.t - now, lambda: self._step(run), "va1-boundary")
+                        return
+                    self._preempt(run)
+                    return
+                if cmd.opcode is _WAIT:
+                    if run.t > now:
+                        self.schedule(run.t - now, lambda: self._step(run), "va1-wait-poll")
+                        return
+                    if not self._poll(run, cmd, now):
+                        return
+                    continue
+                timeout = fs.preemption_timeout_ns
+                if timeout and cmd.cost_ns > timeout:
+                    run.cur_end = run.t + timeout
+                    run.timed_out = True
+                else:
+                    run.cur_end = run.t + cmd.cost_ns
+            end = run.cur_end
             if end > now:
                 limit = self.clock.next_event_ns()
                 if limit is None or end > limit:
                     break
-            cmd = run.cmds[run.next]
-            start = run.ends[run.next - 1] if run.next else sub.start_ns
+            start = run.t
+            if run.timed_out:
+                self._timeout(run, cmd, end)
+                break
             try:
                 execute(cmd, self.dma, start)
             except DmaFault as e:
-                sub.status, sub.error_offset, sub.end_ns = Status.DMA_FAULT, cmd.offset, end
+                sub.status, sub.error_offset = Status.DMA_FAULT, cmd.offset
                 self.tracer.emit("cmd_fault", queue=sub.queue, offset=cmd.offset,
                                  reason=e.reason,
                                  **({"path": "/".join(map(str, cmd.path))} if cmd.path else {}))
-                run.next = len(run.cmds)
+                self._charge(end - start)
+                run.t, run.cur_end = end, -1
+                run.next = len(cmds)
                 break
             if epoch != self._epoch:
                 return
+            self._charge(end - start)
             self.metrics.commands += 1
             self.metrics.dma_bytes += cmd.host_bytes
             self.tracer.emit("cmd", opcode=cmd.opcode.name, offset=cmd.offset,
                              start_ns=start, end_ns=end, engine=sub.engine, queue=sub.queue,
                              **({"path": "/".join(map(str, cmd.path))} if cmd.path else {}))
+            run.t, run.cur_end = end, -1
             run.next += 1
-        if run.next < len(run.cmds):
-            self.schedule(run.ends[run.next] - now, lambda: self._step(run), "va1-cmd")
-        elif sub.end_ns > now:
+        if run.next < len(cmds):
+            self.schedule(run.cur_end - now, lambda: self._step(run), "va1-cmd")
+            return
+        sub.end_ns = run.t
+        if sub.end_ns > now:
             self.schedule(sub.end_ns - now, lambda: self._finish(run), "va1-submit-end")
         else:
             self._finish(run)
 
+    def _charge(self, ns: int) -> None:
+        self.fs.charge(ns)
+        self.metrics.device_time_ns += ns
+
+    def _timeout(self, run: _Run, cmd: Command, end: int) -> None:
+        sub = run.sub
+        sub.status, sub.error_offset = Status.TIMEOUT, cmd.offset
+        self.fs.timeouts += 1
+        self.metrics.timeouts += 1
+        self._charge(end - run.t)
+        self.tracer.emit("cmd_timeout", queue=sub.queue, offset=cmd.offset,
+                         opcode=cmd.opcode.name, start_ns=run.t, end_ns=end)
+        run.t, run.cur_end = end, -1
+        run.next = len(run.cmds)
+
+    def _poll(self, run: _Run, cmd: Command, now: int) -> bool:
+        """One WAIT poll at `now` (== run.t). True: the loop goes on (the WAIT is
+        satisfied and committed, or failed); False: we rescheduled or yielded."""
+        sub = run.sub
+        fs = self.fs
+        if run.wait_first < 0:
+            run.wait_first, run.wait_polls = now, 0
+        try:
+            value = int.from_bytes(self.dma.read(cmd.host_addr, 8), "little")
+        except DmaFault as e:
+            sub.status, sub.error_offset = Status.DMA_FAULT, cmd.offset
+            self.tracer.emit("cmd_fault", queue=sub.queue, offset=cmd.offset, reason=e.reason)
+            run.next = len(run.cmds)
+            run.wait_first = -1
+            return True
+        run.wait_polls += 1
+        elapsed = now - run.wait_first
+        timeout = fs.preemption_timeout_ns
+        if value >= cmd.value:
+            run.wait_first = -1
+            run.cur_end = run.t + cmd.cost_ns
+            return True
+        if timeout and elapsed >= timeout:
+            run.wait_first = -1
+            run.cur_end = run.t
+            self._timeout(run, cmd, run.t)
+            return True
+        interval = min(isa.WAIT_POLL_MAX_NS,
+                       isa.WAIT_POLL_MIN_NS << min(run.wait_polls - 1, 20))
+        nxt = run.t + interval
+        if timeout:
+            nxt = min(nxt, run.wait_first + timeout)
+        if self.sched.other_waiting(fs):  # type: ignore[union-attr]
+            self._sleep(run, nxt)
+            return False
+        self._charge(nxt - run.t)
+        run.t = nxt
+        self.schedule(nxt - now, lambda: self._step(run), "va1-wait-poll")
+        return False
+
     def _finish(self, run: _Run) -> None:
         sub = run.sub
-        self.engines[sub.engine] = None
+        if self.engines[sub.engine] is run:
+            self.engines[sub.engine] = None
         self.busy[run.slot] = False
+        self.fs.running -= 1
         self.metrics.submissions += 1
-        self.metrics.device_time_ns += sub.end_ns - sub.start_ns
         self.tracer.emit("submit_end", queue=sub.queue, context=sub.req.context_id,
                          fence=sub.req.fence_seq, status=sub.status.name,
                          error_offset=sub.error_offset, engine=sub.engine,
@@ -308,3 +502,5 @@ class CommandProcessor:
         self._complete(sub)
         if epoch == self._epoch:
             self.dispatch()
+        else:
+            self.sched.dispatch()  # type: ignore[union-attr]

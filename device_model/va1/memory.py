@@ -1,17 +1,56 @@
-"""Device memory of one function: a flat numpy byte array, addresses 0 .. size-1.
+"""Device memory: the card's one lazily zeroed byte array, and each function's partition
+of it (a function's device addresses run 0 .. size-1, whatever its place on the card).
 
-np.zeros gives lazily-backed pages, so a 256 MiB function costs only what it touches.
+The card array is an anonymous mapping (pages cost only once touched); `scrub` gives a
+range back to the kernel (MADV_DONTNEED), so it reads zero again without being touched.
 Views are zero-copy so that engines compute straight into device memory.
 """
 from __future__ import annotations
 
+import mmap
+
 import numpy as np
+
+_PAGE = mmap.PAGESIZE
+
+
+class CardMemory:
+    """All device memory of a card."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        # private anonymous: MADV_DONTNEED then really gives zero-fill pages back
+        self._map = (mmap.mmap(-1, max(size, _PAGE),
+                               flags=mmap.MAP_PRIVATE | getattr(mmap, "MAP_ANONYMOUS", 0x20)
+                               | getattr(mmap, "MAP_NORESERVE", 0))
+                     if size else None)
+        self.data = (np.frombuffer(self._map, dtype=np.uint8, count=size)
+                     if self._map is not None else np.zeros(0, dtype=np.uint8))
+
+    def scrub(self, base: int, length: int) -> None:
+        """Zero [base, base+length) (whole pages are dropped, the edges written)."""
+        if length <= 0:
+            return
+        lo = -(-base // _PAGE) * _PAGE
+        hi = (base + length) // _PAGE * _PAGE
+        if self._map is None or hi <= lo or not hasattr(self._map, "madvise"):
+            self.data[base:base + length] = 0
+            return
+        self.data[base:lo] = 0
+        self.data[hi:base + length] = 0
+        self._map.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+
+    def partition(self, base: int, size: int) -> "DeviceMemory":
+        return DeviceMemory(size, self.data[base:base + size], base=base)
 
 
 class DeviceMemory:
-    def __init__(self, size: int) -> None:
+    """One function's memory: `size` bytes at card offset `base`."""
+
+    def __init__(self, size: int, data: np.ndarray | None = None, base: int = 0) -> None:
         self.size = size
-        self.data = np.zeros(size, dtype=np.uint8)
+        self.base = base
+        self.data = data if data is not None else np.zeros(size, dtype=np.uint8)
 
     def contains(self, addr: int, length: int) -> bool:
         """Is [addr, addr+length) inside memory? (Python ints: no overflow.)"""

@@ -11,7 +11,10 @@ class Metrics:
     device_time_ns: int = 0  # sum over submissions of end_ns - start_ns
     dma_bytes: int = 0       # bytes moved across the host link (H2D, D2H, SIGNAL, TIMESTAMP)
     faults: int = 0          # contexts marked faulted
+    preemptions: int = 0     # runs that yielded their engine at a command boundary
+    timeouts: int = 0        # commands stopped at the preemption timeout
 
     def reset(self) -> None:
         self.submissions = self.commands = self.device_time_ns = 0
         self.dma_bytes = self.faults = 0
+        self.preemptions = self.timeouts = 0

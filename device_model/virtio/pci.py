@@ -18,15 +18,22 @@ import struct
 from hwspec import pci as P
 from hwspec import va1
 from hwspec import virtio as V
+from hwspec import virtio_admin as VA
 from hwspec import virtio_pci as VP
 
-from ..pci.api import BarInfo, MsixInfo
+from typing import TYPE_CHECKING, Sequence
+
+from ..pci.api import BarInfo, MsixInfo, PciFunction, SriovPlatform
 from ..pci.config import ConfigSpace, add_pcie_endpoint_cap, all_ones
 from ..pci.msix import Msix
+from ..pci.sriov import SriovCap
 from ..ports import IrqLine, MsiPort, NullTracer, Tracer
 from .device import VirtioDevice
 from .mmio import Violation
 from .queue import Queue, is_power_of_two
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..va1.card import Va1Card
 
 _DRIVER_BITS = (V.STATUS_ACKNOWLEDGE | V.STATUS_DRIVER | V.STATUS_FEATURES_OK
                 | V.STATUS_DRIVER_OK | V.STATUS_FAILED)
@@ -50,30 +57,55 @@ class VirtioPciFunction:
                  intx: IrqLine | None = None, *,
                  subsystem_vendor_id: int = va1.PCI_SUBSYSTEM_VENDOR_ID,
                  subsystem_id: int = va1.PCI_SUBSYSTEM_ID,
-                 device_cfg_length: int = va1.CONFIG.size) -> None:
+                 device_cfg_length: int = va1.CONFIG.size,
+                 queue_capacity: int = 0,
+                 vf_of: "VirtioPciFunction | None" = None, vf_number: int = 0) -> None:
+        """`queue_capacity`: queues (and MSI-X vectors) to provide for, when the device
+        may be re-provisioned with more queues later (a VF). `vf_of`/`vf_number`: this
+        function is VF `vf_number` of the PF `vf_of` (SR-IOV VF config space: Vendor
+        and Device ID read 0xFFFF, BAR registers read 0, memory decoding follows the
+        PF's VF MSE, no INTx)."""
         self.device = device
         self.msi = msi
-        self.intx = intx
+        self.vf_of = vf_of
+        self.vf_number = vf_number
+        self.intx = intx if vf_of is None else None
         self.tracer: Tracer = tracer if tracer is not None else NullTracer()
         self.violations: list[Violation] = []
-        self.queues: list[Queue] = [Queue(n) for n in device.queue_max_sizes()]
-        self.num_queues = len(self.queues)
+        sizes = list(device.queue_max_sizes())
+        extra = max(0, queue_capacity - len(sizes))
+        self.queues: list[Queue] = [Queue(n) for n in sizes] + [
+            Queue(sizes[-1] if sizes else 1) for _ in range(extra)]
+        self.queue_capacity = len(self.queues)
+        self._admin_index: int | None = getattr(device, "admin_queue_index", None)
         self._intx_level = False
+        self.sriov: SriovCap | None = None
+        self.card: "Va1Card | None" = None
 
+        is_vf = vf_of is not None
         self.config = ConfigSpace(
-            vendor_id=VP.PCI_VENDOR_ID, device_id=VP.PCI_DEVICE_ID_BASE + device.device_id,
+            vendor_id=0xFFFF if is_vf else VP.PCI_VENDOR_ID,
+            device_id=0xFFFF if is_vf else VP.PCI_DEVICE_ID_BASE + device.device_id,
             revision=VP.PCI_REVISION_MODERN, class_code=P.CLASS_PROCESSING_ACCELERATOR << 16,
             subsystem_vendor_id=subsystem_vendor_id, subsystem_id=subsystem_id,
-            interrupt_pin=P.INTERRUPT_PIN_INTA if intx is not None else 0,
+            interrupt_pin=P.INTERRUPT_PIN_INTA if self.intx is not None else 0,
             log=self._violation)
-        self.bar = self.config.add_bar(va1.PCI_BAR, va1.PCI_BAR_SIZE, is_64bit=True,
-                                       prefetchable=False)  # ISR reads have side effects
+        if is_vf:
+            # VF command register: Memory Space is RsvdP 0 (the PF's VF MSE decides),
+            # INTx is not supported; Bus Master is the VF's own.
+            self.config.set_wmask(P.COMMAND, 2, P.COMMAND_MASTER)
+            self.bar = BarInfo(va1.PCI_BAR, va1.PCI_BAR_SIZE, True, False)
+        else:
+            self.bar = self.config.add_bar(va1.PCI_BAR, va1.PCI_BAR_SIZE, is_64bit=True,
+                                           prefetchable=False)  # ISR reads: side effects
         self.notify_multiplier = va1.PCI_NOTIFY_OFF_MULTIPLIER
-        self.notify_length = self.num_queues * self.notify_multiplier
+        self.notify_length = self.queue_capacity * self.notify_multiplier
         self.device_cfg_length = device_cfg_length
+        self.common_cfg_length = (VA.COMMON_CFG_SIZE_WITH_ADMIN
+                                  if self._admin_index is not None else VP.COMMON_CFG_SIZE)
         self.caps: dict[int, int] = {}
         self.caps[VP.CAP_COMMON_CFG] = self._add_virtio_cap(
-            VP.CAP_COMMON_CFG, va1.PCI_COMMON_CFG_OFFSET, VP.COMMON_CFG_SIZE)
+            VP.CAP_COMMON_CFG, va1.PCI_COMMON_CFG_OFFSET, self.common_cfg_length)
         self.caps[VP.CAP_ISR_CFG] = self._add_virtio_cap(VP.CAP_ISR_CFG, va1.PCI_ISR_OFFSET, 1)
         self.caps[VP.CAP_DEVICE_CFG] = self._add_virtio_cap(
             VP.CAP_DEVICE_CFG, va1.PCI_DEVICE_CFG_OFFSET, self.device_cfg_length)
@@ -81,7 +113,7 @@ class VirtioPciFunction:
             VP.CAP_NOTIFY_CFG, va1.PCI_NOTIFY_OFFSET, self.notify_length,
             extra=struct.pack("<I", self.notify_multiplier))
         self.caps[VP.CAP_PCI_CFG] = self._add_pci_cfg_cap()
-        self.msix = Msix(self.config, 1 + self.num_queues, va1.PCI_BAR,
+        self.msix = Msix(self.config, 1 + self.queue_capacity, va1.PCI_BAR,
                          va1.PCI_MSIX_TABLE_OFFSET, va1.PCI_BAR, va1.PCI_MSIX_PBA_OFFSET,
                          msi, self.tracer, self._violation, self._bus_master)
         self.config.on_write(self.msix.cap + P.MSIX_FLAGS, 2, self._irq_mode_changed)
@@ -89,6 +121,70 @@ class VirtioPciFunction:
         self.config.on_write(P.COMMAND, 2, self._command_written)
         self.config.seal_defaults()
         self._reset_virtio_state()
+
+    @property
+    def num_queues(self) -> int:
+        """Queues the driver sees in num_queues (the admin queue not included)."""
+        if self._admin_index is not None:
+            return self._admin_index
+        n = getattr(self.device, "num_queues", None)
+        return n if isinstance(n, int) else len(self.device.queue_max_sizes())
+
+    @property
+    def admin_queue_index(self) -> int | None:
+        """The admin virtqueue's index (PF only; None elsewhere)."""
+        return self._admin_index
+
+    def _queue_ok(self, index: int) -> bool:
+        return 0 <= index < self.num_queues or (
+            self._admin_index is not None and index == self._admin_index)
+
+    # --- SR-IOV (PF) --------------------------------------------------------------------
+
+    @classmethod
+    def physical_function(cls, card: "Va1Card", msi: MsiPort, platform: SriovPlatform,
+                          tracer: Tracer | None = None, intx: IrqLine | None = None,
+                          ) -> "VirtioPciFunction":
+        """The PF of `card` with its SR-IOV capability and admin virtqueue. Setting VF
+        Enable creates NumVFs VFs (ports from `platform.vf_ports(n)`) and hands them to
+        `platform.vfs_enabled`; clearing it drops them (`platform.vfs_disabled`)."""
+        fn = cls(card.pf_device, msi, tracer if tracer is not None else card.tracer, intx)
+        fn.card = card
+        fn.config._defaults = b""   # re-sealed below, with the SR-IOV capability
+        fn.sriov = SriovCap(fn.config, card.total_vfs, va1.SRIOV_VF_DEVICE_ID,
+                            va1.PCI_BAR_SIZE, va1.SRIOV_FIRST_VF_OFFSET, va1.SRIOV_VF_STRIDE,
+                            fn._vfs_enable, fn._vfs_disable, fn._violation)
+        fn.config.seal_defaults()
+        card.attach_pf(fn, platform)
+        return fn
+
+    def _vfs_enable(self, num_vfs: int) -> None:
+        assert self.card is not None
+        self.card.enable_vfs(num_vfs)
+
+    def _vfs_disable(self) -> None:
+        assert self.card is not None
+        self.card.disable_vfs()
+
+    @property
+    def vfs(self) -> Sequence["VirtioPciFunction"]:
+        """The enabled VFs, VF 1 first (empty without SR-IOV or with VF Enable clear)."""
+        return self.card.vf_functions if self.card is not None else ()
+
+    def vf_bar_address(self, vf: int) -> int:
+        """Where VF `vf` (1-based) has its BAR0 (PF VF BAR0 + (vf-1) * BAR size)."""
+        if self.sriov is None:
+            raise ValueError("not an SR-IOV physical function")
+        return self.sriov.vf_bar_address(vf)
+
+    def vf_routing_id_offset(self, vf: int) -> int:
+        """VF `vf`'s requester ID relative to the PF's (First VF Offset + (vf-1) * Stride)."""
+        return va1.SRIOV_FIRST_VF_OFFSET + (vf - 1) * va1.SRIOV_VF_STRIDE
+
+    def _memory_enabled(self) -> bool:
+        if self.vf_of is not None:
+            return self.vf_of.sriov is not None and self.vf_of.sriov.vf_mse
+        return bool(self.config.command & P.COMMAND_MEMORY)
 
     # --- capabilities -----------------------------------------------------------------
 
@@ -156,7 +252,7 @@ class VirtioPciFunction:
         self.driver_features: dict[int, int] = {}
         self.queue_sel = 0
         self.msix_config = VP.MSI_NO_VECTOR
-        self.queue_vectors = [VP.MSI_NO_VECTOR] * self.num_queues
+        self.queue_vectors = [VP.MSI_NO_VECTOR] * self.queue_capacity
         self._update_intx()
 
     def _violation(self, rule: str, message: str) -> None:
@@ -172,7 +268,7 @@ class VirtioPciFunction:
                    if s <= 1)
 
     def _selected(self) -> Queue | None:
-        if 0 <= self.queue_sel < self.num_queues:
+        if self._queue_ok(self.queue_sel):
             return self.queues[self.queue_sel]
         return None
 
@@ -201,7 +297,7 @@ class VirtioPciFunction:
         """VirtioInterrupt: a used-buffer notification for `queue_index`."""
         if self.msix.enabled:
             vector = (self.queue_vectors[queue_index]
-                      if 0 <= queue_index < self.num_queues else VP.MSI_NO_VECTOR)
+                      if 0 <= queue_index < self.queue_capacity else VP.MSI_NO_VECTOR)
             self.tracer.emit("irq", queue=queue_index, vector=vector)
             if vector != VP.MSI_NO_VECTOR:
                 self.msix.fire(vector)
@@ -238,6 +334,10 @@ class VirtioPciFunction:
         self.config.write(offset, size, value)
 
     def bars(self) -> tuple[BarInfo, ...]:
+        """A VF's BAR0 is not in its BAR registers (they read 0): it lives at
+        `pf.vf_bar_address(n)`; its size and type are reported here all the same."""
+        if self.vf_of is not None:
+            return (self.bar,)
         return self.config.bars()
 
     def msix_info(self) -> MsixInfo | None:
@@ -251,7 +351,7 @@ class VirtioPciFunction:
             self._violation("pci/bar-access", f"{size}-byte {what} at BAR {index} offset "
                             f"{offset:#x}")
             return False
-        if not self.config.command & P.COMMAND_MEMORY:
+        if not self._memory_enabled():
             self._violation("pci/memory-disabled", f"{size}-byte {what} at BAR {index} "
                             f"offset {offset:#x} with Memory Space disabled")
             return False
@@ -330,7 +430,10 @@ class VirtioPciFunction:
         width = VP.COMMON_FIELD_SIZE.get(off)
         if width == size or (size == 8 and off in _QUEUE_ADDR_LO):
             return True
-        if off < VP.COMMON_CFG_SIZE:
+        if self._admin_index is not None and off in (VA.COMMON_ADM_Q_IDX, VA.COMMON_ADM_Q_NUM):
+            if size == 2:
+                return True
+        if off < self.common_cfg_length:
             self._violation("pci/access-size", f"{size}-byte common config {what} at "
                             f"{off:#x}")
         return False
@@ -356,6 +459,10 @@ class VirtioPciFunction:
             return self.msix_config
         if off == VP.COMMON_NUMQ:
             return self.num_queues
+        if self._admin_index is not None and off == VA.COMMON_ADM_Q_IDX:
+            return self._admin_index
+        if self._admin_index is not None and off == VA.COMMON_ADM_Q_NUM:
+            return 1
         if off == VP.COMMON_STATUS:
             return self.status | (V.STATUS_DEVICE_NEEDS_RESET if self._needs_reset else 0)
         if off == VP.COMMON_CFGGENERATION:
@@ -478,7 +585,7 @@ class VirtioPciFunction:
             self._violation("notify/value", f"value {value:#x} written to the notify "
                             f"address of queue {index}")
             return
-        q = self.queues[index] if index < self.num_queues else None
+        q = self.queues[index] if self._queue_ok(index) else None
         if q is None or not q.ready:
             self._violation("queue/not-ready", f"notify({index}): queue not ready")
             return
@@ -547,4 +654,8 @@ class VirtioPciFunction:
         self.config.put(devctl, 2, self.config.get(devctl, 2) | payload)
         self.msix.reset()
         self._reset_virtio_state()
+        if self.sriov is not None:
+            self.sriov.reset()          # a PF FLR clears VF Enable: the VFs go away
+        if self.card is not None and self.vf_of is not None:
+            self.card.vf_flr(self.vf_number)
         self.tracer.emit("flr")

@@ -190,8 +190,10 @@ class Rig:
         assert got is not None
         return self.dma.g_read(resp, got[1])
 
-    def create_context(self) -> int:
-        st, cid = struct.unpack("<II", self.ctrl(1))
+    def create_context(self, flat: bool = True) -> int:
+        """CONTEXT_CREATE; FLAT (flags bit 0: VA = PA over the whole function memory)
+        unless `flat=False` (a private address space, empty until CONTEXT_MAP)."""
+        st, cid = struct.unpack("<II", self.ctrl(1, flags=1 if flat else 0))
         assert st == 0
         return int(cid)
 

@@ -244,20 +244,21 @@ class PciRig(PciDriver):
         return self.br(self.vcaps[DEVICE].offset + off, size)
 
     # controlq / submit, as dm_driver.Rig does over mmio
-    def ctrl(self, type_: int, ctx: int = 0, resp_len: int = 8) -> bytes:
+    def ctrl(self, type_: int, ctx: int = 0, resp_len: int = 8, flags: int = 0,
+             extra: bytes = b"") -> bytes:
         q = self.queues[0]
-        req = self.alloc.alloc(16)
+        req = self.alloc.alloc(16 + len(extra))
         resp = self.alloc.alloc(resp_len)
-        self.dma.g_write(req, struct.pack("<IIII", type_, ctx, 0, 0))
-        q.add([(req, 16, False), (resp, resp_len, True)])
+        self.dma.g_write(req, struct.pack("<IIII", type_, ctx, flags, 0) + extra)
+        q.add([(req, 16 + len(extra), False), (resp, resp_len, True)])
         self.kick(0)
         self.clock.run()
         got = q.pop_used()
         assert got is not None
         return self.dma.g_read(resp, got[1])
 
-    def create_context(self) -> int:
-        st, cid = struct.unpack("<II", self.ctrl(1))
+    def create_context(self, flat: bool = True) -> int:
+        st, cid = struct.unpack("<II", self.ctrl(1, flags=1 if flat else 0))
         assert st == 0
         return int(cid)
 

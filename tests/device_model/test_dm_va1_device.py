@@ -44,7 +44,7 @@ def test_ctrl_timing_is_overhead_after_read() -> None:
 def test_ctrl_bad_requests() -> None:
     rig = Rig(CFG)
     assert struct.unpack("<II", rig.ctrl(9)) == (Status.BAD_ARG, 0)
-    assert struct.unpack("<II", rig.ctrl(1, flags=1)) == (Status.BAD_REQUEST, 0)
+    assert struct.unpack("<II", rig.ctrl(1, flags=2)) == (Status.BAD_REQUEST, 0)
     assert struct.unpack("<II", rig.ctrl(2, 5, reserved=1)) == (Status.BAD_REQUEST, 5)
     # GET_STATS needs 48 writable bytes: a bare BAD_REQUEST status
     assert rig.ctrl(3, resp_len=8) == struct.pack("<I", Status.BAD_REQUEST)

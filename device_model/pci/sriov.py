@@ -1,0 +1,131 @@
+"""The PCIe SR-IOV extended capability of a physical function (PCIe base spec §9.3.3).
+
+Registers: SR-IOV Capabilities (0), Control (VF Enable, VF MSE; RW), Status (0),
+InitialVFs and TotalVFs (RO), NumVFs (RW), Function Dependency Link (0), First VF
+Offset and VF Stride (RO), VF Device ID (RO), Supported Page Sizes (RO: 4 KiB),
+System Page Size (RW, one bit), VF BAR0/1 (one 64-bit memory BAR with the sizing
+protocol: its writable bits are the address bits above the per-VF BAR size).
+
+Rules the device enforces (each refusal is logged with a rule name, the write ignored):
+NumVFs above TotalVFs ("sriov/num-vfs"); NumVFs changed while VF Enable is set
+("sriov/num-vfs-while-enabled"); a System Page Size that is not one supported size
+("sriov/page-size"). VF Enable 0 -> 1 calls `on_enable(NumVFs)`, 1 -> 0 `on_disable()`.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from hwspec import pci as P
+
+from .config import ConfigSpace, LogFn
+
+SUPPORTED_PAGE_SIZES = 0x1      # bit n: 2^(n+12) bytes; 4 KiB only
+
+
+class SriovCap:
+    def __init__(self, config: ConfigSpace, total_vfs: int, vf_device_id: int,
+                 vf_bar_size: int, first_vf_offset: int, vf_stride: int,
+                 on_enable: Callable[[int], None], on_disable: Callable[[], None],
+                 log: LogFn) -> None:
+        if not 0 <= total_vfs <= 0xFFFF or vf_bar_size & (vf_bar_size - 1):
+            raise ValueError("bad SR-IOV parameters")
+        self.config = config
+        self.total_vfs = total_vfs
+        self.vf_bar_size = vf_bar_size
+        self.first_vf_offset = first_vf_offset
+        self.vf_stride = vf_stride
+        self._on_enable = on_enable
+        self._on_disable = on_disable
+        self._log = log
+        body = bytearray(P.EXT_CAP_SRIOV_SIZEOF - 4)
+        wmask = bytearray(len(body))
+
+        def put(off: int, size: int, value: int, mask: int = 0) -> None:
+            body[off - 4:off - 4 + size] = value.to_bytes(size, "little")
+            wmask[off - 4:off - 4 + size] = mask.to_bytes(size, "little")
+
+        put(P.SRIOV_CTRL, 2, 0, P.SRIOV_CTRL_VFE | P.SRIOV_CTRL_MSE)
+        put(P.SRIOV_INITIAL_VF, 2, total_vfs)
+        put(P.SRIOV_TOTAL_VF, 2, total_vfs)
+        put(P.SRIOV_NUM_VF, 2, 0, 0xFFFF)
+        put(P.SRIOV_VF_OFFSET, 2, first_vf_offset)
+        put(P.SRIOV_VF_STRIDE, 2, vf_stride)
+        put(P.SRIOV_VF_DID, 2, vf_device_id)
+        put(P.SRIOV_SUP_PGSIZE, 4, SUPPORTED_PAGE_SIZES)
+        put(P.SRIOV_SYS_PGSIZE, 4, 0x1, 0xFFFF_FFFF)
+        bar_mask = ~(vf_bar_size - 1) & ((1 << 64) - 1)
+        put(P.SRIOV_BAR, 4, P.BASE_ADDRESS_MEM_TYPE_64, bar_mask & P.BASE_ADDRESS_MEM_MASK)
+        put(P.SRIOV_BAR + 4, 4, 0, bar_mask >> 32)
+        self.cap = config.add_ext_capability(P.EXT_CAP_ID_SRIOV, 1, bytes(body), bytes(wmask))
+        self.enabled = False
+        self._num_vfs = 0
+        self._page = 0x1
+        config.on_write(self.cap + P.SRIOV_CTRL, 2, self._ctrl_written)
+        config.on_write(self.cap + P.SRIOV_NUM_VF, 2, self._num_vfs_written)
+        config.on_write(self.cap + P.SRIOV_SYS_PGSIZE, 4, self._page_written)
+
+    # --- registers ----------------------------------------------------------------------
+
+    def _get(self, reg: int, size: int) -> int:
+        return self.config.get(self.cap + reg, size)
+
+    def _put(self, reg: int, size: int, value: int) -> None:
+        self.config.put(self.cap + reg, size, value)
+
+    @property
+    def num_vfs(self) -> int:
+        return self._num_vfs
+
+    @property
+    def vf_mse(self) -> bool:
+        return bool(self._get(P.SRIOV_CTRL, 2) & P.SRIOV_CTRL_MSE)
+
+    def vf_bar_base(self) -> int:
+        return ((self._get(P.SRIOV_BAR, 4) & P.BASE_ADDRESS_MEM_MASK)
+                | self._get(P.SRIOV_BAR + 4, 4) << 32)
+
+    def vf_bar_address(self, vf: int) -> int:
+        """Where VF `vf` (1-based) has its BAR0: VF BAR0 base + (vf-1) * size."""
+        return self.vf_bar_base() + (vf - 1) * self.vf_bar_size
+
+    def _num_vfs_written(self, offset: int, size: int) -> None:
+        new = self._get(P.SRIOV_NUM_VF, 2)
+        if new == self._num_vfs:
+            return
+        if self.enabled:
+            self._put(P.SRIOV_NUM_VF, 2, self._num_vfs)
+            self._log("sriov/num-vfs-while-enabled",
+                      f"NumVFs {self._num_vfs} -> {new} with VF Enable set")
+            return
+        if new > self.total_vfs:
+            self._put(P.SRIOV_NUM_VF, 2, self._num_vfs)
+            self._log("sriov/num-vfs", f"NumVFs {new} > TotalVFs {self.total_vfs}")
+            return
+        self._num_vfs = new
+
+    def _page_written(self, offset: int, size: int) -> None:
+        new = self._get(P.SRIOV_SYS_PGSIZE, 4)
+        if new & (new - 1) or not new & SUPPORTED_PAGE_SIZES:
+            self._put(P.SRIOV_SYS_PGSIZE, 4, self._page)
+            self._log("sriov/page-size", f"System Page Size {new:#x} not supported "
+                                         f"({SUPPORTED_PAGE_SIZES:#x})")
+            return
+        self._page = new
+
+    def _ctrl_written(self, offset: int, size: int) -> None:
+        vfe = bool(self._get(P.SRIOV_CTRL, 2) & P.SRIOV_CTRL_VFE)
+        if vfe and not self.enabled:
+            self.enabled = True
+            self._on_enable(self._num_vfs)
+        elif not vfe and self.enabled:
+            self.enabled = False
+            self._on_disable()
+
+    def reset(self) -> None:
+        """After the config image went back to power-on (PF FLR): VFs go away."""
+        was = self.enabled
+        self.enabled = False
+        self._num_vfs = 0
+        self._page = 0x1
+        if was:
+            self._on_disable()

@@ -1,0 +1,138 @@
+"""Card-level scheduling of the compute units across functions (spec "Scheduling").
+
+Every function (the PF, each VF, or the one function of a single-function device) has a
+`FunctionSched`: its weight, priority, exec quantum, preemption timeout, a stop flag and
+its virtual time. A free compute unit goes to the runnable function with
+
+1. the highest priority (strict levels 2 > 1 > 0), then
+2. the lowest virtual time (weighted fair queueing: a function's virtual time grows by
+   device time / weight as its commands run), then
+3. the lowest function number;
+
+that function's processor then picks its next queue round robin. A function that becomes
+runnable after being idle starts at max(its virtual time, the lowest virtual time of the
+active functions), so idle time is not banked.
+
+Preemption happens only at command boundaries (the engine checks at each boundary): a
+run yields its engine when its function is stopped, when a function of strictly higher
+priority is waiting, or when it has run at least the function's exec quantum on this
+engine and another function of the same or higher priority is waiting. The preempted
+submission goes back to the head of its queue and resumes later at its next command, on
+whichever engine picks it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from hwspec import va1
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .engine import CommandProcessor, _Run
+
+
+@dataclass
+class FunctionSched:
+    index: int                          # 0 = PF (or the only function), n = VF n
+    processor: "CommandProcessor"
+    weight: int = va1.DEFAULT_WEIGHT
+    priority: int = va1.DEFAULT_PRIORITY
+    exec_quantum_ns: int = va1.DEFAULT_EXEC_QUANTUM_NS
+    preemption_timeout_ns: int = va1.DEFAULT_PREEMPTION_TIMEOUT_NS
+    stopped: bool = False
+    vt: float = 0.0
+    running: int = 0                    # runs on engines now
+    preemptions: int = 0
+    timeouts: int = 0
+    busy_ns: int = field(default=0)     # device time used (for stats and tests)
+
+    def charge(self, ns: int) -> None:
+        self.vt += ns / self.weight
+        self.busy_ns += ns
+
+
+class Scheduler:
+    """The compute units of a card and the functions competing for them."""
+
+    def __init__(self, num_engines: int) -> None:
+        self.num_engines = num_engines
+        self.engines: list["_Run | None"] = [None] * num_engines
+        self.functions: list[FunctionSched] = []
+        self._dispatching = False
+        self._again = False
+
+    def register(self, processor: "CommandProcessor", index: int) -> FunctionSched:
+        fs = FunctionSched(index, processor)
+        fs.vt = self.min_active_vt(fs)
+        self.functions.append(fs)
+        self.functions.sort(key=lambda f: f.index)
+        return fs
+
+    def unregister(self, fs: FunctionSched) -> None:
+        if fs in self.functions:
+            self.functions.remove(fs)
+        self.dispatch()
+
+    # --- WFQ bookkeeping ----------------------------------------------------------------
+
+    def min_active_vt(self, exclude: FunctionSched | None = None) -> float:
+        vts = [f.vt for f in self.functions
+               if f is not exclude and (f.running or f.processor.has_work())]
+        return min(vts) if vts else (max((f.vt for f in self.functions
+                                          if f is not exclude), default=0.0))
+
+    def became_active(self, fs: FunctionSched) -> None:
+        """`fs` had no work and now has some: do not let it bank idle time."""
+        fs.vt = max(fs.vt, self.min_active_vt(fs))
+
+    def competitor_waiting(self, fs: FunctionSched, quantum_expired: bool) -> bool:
+        """Should a run of `fs` yield its engine at this boundary?"""
+        if fs.stopped:
+            return True
+        if len(self.functions) == 1:
+            return False
+        for f in self.functions:
+            if f is fs or f.stopped:
+                continue
+            if f.priority > fs.priority or (quantum_expired and f.priority == fs.priority):
+                if f.processor.startable():
+                    return True
+        return False
+
+    def other_waiting(self, fs: FunctionSched) -> bool:
+        """Any other runnable function (for WAIT, which yields at each poll)."""
+        for f in self.functions:
+            if f is not fs and not f.stopped and f.priority >= fs.priority \
+                    and f.processor.startable():
+                return True
+        return False
+
+    # --- dispatch ---------------------------------------------------------------------
+
+    def _pick(self) -> FunctionSched | None:
+        best: FunctionSched | None = None
+        for f in self.functions:
+            if f.stopped or not f.processor.startable():
+                continue
+            if best is None or (-f.priority, f.vt) < (-best.priority, best.vt):
+                best = f
+        return best
+
+    def dispatch(self) -> None:
+        """Give free engines to functions with work."""
+        if self._dispatching:
+            self._again = True
+            return
+        self._dispatching = True
+        try:
+            while True:
+                self._again = False
+                engine = next((i for i, r in enumerate(self.engines) if r is None), None)
+                fs = self._pick() if engine is not None else None
+                if engine is None or fs is None:
+                    if not self._again:
+                        break
+                    continue
+                fs.processor.start_next(engine)
+        finally:
+            self._dispatching = False
