@@ -1,7 +1,12 @@
 """Guest boot: probe the platform's devices and the PCI buses, and bind VA-1 functions as
 /dev/accel/accelN: virtio-mmio ones first (firmware order), then PCI ones in
 (host bridge, bus, device, function) order. A function that fails probe gets a line in
-`probe_errors` and no device file; boot goes on."""
+`probe_errors` and no device file; boot goes on.
+
+A PCI function with an SR-IOV capability (TotalVFs > 0) is a PF: it is bound with the
+admin virtqueue (SR_IOV and ADMIN_VQ accepted when offered) and, when both were
+negotiated, its management API is in `pfs` under the same path. No other function ever
+accepts those features (a VF seen through VFIO has no SR-IOV capability)."""
 from __future__ import annotations
 
 import errno
@@ -14,6 +19,7 @@ from .pci import PciError, scan_host
 from .uapi import DeviceFile
 from .va1.devfile import VA1File
 from .va1.driver import VA1Device
+from .va1.pf import VA1Pf, has_sriov
 from .virtio.mmio import VirtioMmio
 from .virtio.pci import VirtioPci
 from .virtio.transport import TransportError
@@ -28,6 +34,7 @@ class AccelGuestOS:
         self.kernel = kernel
         self.devices: dict[str, VA1Device] = {}
         self.probe_errors: list[str] = []  # one line per device that failed to bind
+        self.pfs: dict[str, VA1Pf] = {}    # SR-IOV PFs (host), by device path
 
     def open(self, path: str) -> DeviceFile:
         dev = self.devices.get(path)
@@ -73,9 +80,14 @@ def boot(kernel: GuestKernel) -> AccelGuestOS:
             if fn.vendor_id != A.PCI_VENDOR_ID or fn.device_id != A.PCI_DEVICE_ID:
                 continue
             name = f"accel{len(os_.devices)}"
-            dev = VA1Device(kernel, VirtioPci(kernel, fn), alloc, name)
             try:
+                is_pf = has_sriov(fn)
+                dev = VA1Device(kernel, VirtioPci(kernel, fn), alloc, name, admin=is_pf)
                 dev.probe()
+                if dev.admin is not None:
+                    pf = VA1Pf(kernel, fn, alloc, name, host, device=dev)
+                    pf.probe()
+                    os_.pfs[ACCEL_DIR + name] = pf
             except (TransportError, PciError) as e:
                 os_._probe_error(str(e), pci=str(fn.bdf))
                 continue

@@ -3,6 +3,17 @@
 Buffers and contexts belong to the open file that made them (another file's handles
 are ENOENT, as with DRM GEM handles). Every ioctl validates all of its arguments before
 it changes anything; errors are OSError(errno, message naming the bad argument).
+
+Address spaces: every context of a file has a private device address space holding
+exactly the file's DEVICE buffers, each mapped at va = pa = its device address (READ |
+WRITE, whole CTX_PAGEs): on BO_CREATE into every existing context, on CONTEXT_CREATE every
+existing buffer. BO_FREE unmaps from every context before the device memory goes back
+(after the last submission using it, when it is busy). So a file's contexts reach only
+its own buffers. With address spaces, a DEVICE buffer is busy for every submission of
+its file in flight when it is freed, listed in `handles` or not: any of them may reach
+it through the mapping, and its memory must not go to another file before they end. The unmaps of a deferred free run in task context: the interrupt
+handler that drops the last use queues them on the device (`run_deferred`), and every
+ioctl runs that queue first and last.
 """
 from __future__ import annotations
 
@@ -11,6 +22,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
+
+from hwspec import va1 as A
 
 from .. import uapi as U
 from ..mm import AllocError, PAGE_SIZE, align_up
@@ -29,6 +42,7 @@ class BufferObject:
     busy: int = 0      # submissions in flight that use it
     free_pending: bool = False
     released: bool = False
+    map_size: int = 0  # DEVICE: bytes mapped into contexts (size rounded to CTX_PAGE)
 
 
 def _err(err: int, msg: str) -> VA1Error:
@@ -55,6 +69,8 @@ class VA1File:
             U.DRM_IOCTL_VA1_WAIT: self._wait,
             U.DRM_IOCTL_VA1_GET_STATS: self._get_stats,
         }
+        self.leaked: list[int] = []  # device addresses kept because an unmap failed
+        self._in_flight: dict[int, Fence] = {}  # id(fence) -> fence of this file, unsignalled
 
     # ------------------------------------------------------------------ entry points
     def ioctl(self, request: int, arg: Any) -> None:
@@ -68,7 +84,11 @@ class VA1File:
             got = U.ffi.typeof(arg).cname if isinstance(arg, U.ffi.CData) else type(arg).__name__
             raise _err(errno.ENOTTY, f"{self.path}: ioctl {request:#x} takes a '{want} *', "
                                      f"got {got}")
-        op(arg)
+        self.dev.run_deferred()
+        try:
+            op(arg)
+        finally:
+            self.dev.run_deferred()
 
     def mmap(self, handle: int) -> np.ndarray:
         if self.closed:
@@ -93,6 +113,7 @@ class VA1File:
             self._free_bo(bo)
         self._bos.clear()
         self.closed = True
+        self.dev.run_deferred()
 
     # ------------------------------------------------------------------ lookups
     def _bo(self, handle: int) -> BufferObject:
@@ -151,11 +172,58 @@ class VA1File:
                 self.dev.kernel.memory.write(addr, bytes(size))  # no stale data to user space
         except AllocError as e:
             raise _err(errno.ENOMEM, f"BO_CREATE: {size} bytes: {e}") from None
+        bo = BufferObject(self._next_handle, flags, size, addr)
+        if flags == U.BO_DEVICE:
+            assert self.dev.devmem is not None
+            bo.map_size = self.dev.devmem.mapped_size(addr)
+            done: list[Context] = []
+            try:
+                for ctx in list(self._contexts.values()):
+                    if self._map(ctx, bo):
+                        done.append(ctx)
+            except BaseException:
+                if self._unmap_all(bo, done):
+                    self.dev.devmem.free(addr)
+                else:
+                    self.leaked.append(addr)
+                raise
         handle = self._next_handle
         self._next_handle += 1
-        self._bos[handle] = BufferObject(handle, flags, size, addr)
+        self._bos[handle] = bo
         a.handle = handle
         a.addr = addr
+
+    # ------------------------------------------------------------------ address spaces
+    def _map(self, ctx: Context, bo: BufferObject) -> bool:
+        """Map one DEVICE buffer into one context (va = pa). A context that is gone (lost
+        in a reset, destroyed) needs nothing. Returns whether a mapping was made."""
+        if ctx.destroyed or ctx.lost or ctx.generation != self.dev.generation:
+            return False
+        if ctx.faulted:
+            return False  # runs nothing until destroyed: nothing to reach
+        try:
+            return self.dev.ctx_map(ctx, bo.addr, bo.addr, bo.map_size,
+                                    A.CTX_MAP_READ | A.CTX_MAP_WRITE)
+        except VA1Error:
+            if ctx.lost or ctx.generation != self.dev.generation:
+                return False  # the reset took the context (and its mappings) away
+            raise
+
+    def _unmap_all(self, bo: BufferObject, contexts: list[Context]) -> bool:
+        """Unmap bo from these contexts; True when no context can reach it any more."""
+        clean = True
+        for ctx in contexts:
+            try:
+                self.dev.ctx_unmap(ctx, bo.addr)
+            except VA1Error as e:
+                if ctx.faulted and ctx.device_id in self.dev._contexts:
+                    ctx.mappings.pop(bo.addr, None)  # can never run again: cannot reach it
+                    continue
+                if bo.addr in ctx.mappings and not (ctx.lost or ctx.destroyed):
+                    clean = False
+                    self.dev.kernel.trace.emit("ctx_unmap_failed", dev=self.dev.name,
+                                               context=ctx.uid, va=bo.addr, error=str(e))
+        return clean
 
     def _bo_free(self, a: Any) -> None:
         if a.pad != 0:
@@ -166,15 +234,44 @@ class VA1File:
 
     def _free_bo(self, bo: BufferObject) -> None:
         bo.free_pending = True
+        if bo.flags == U.BO_DEVICE and self.dev.address_spaces:
+            def drop(_fence: Fence) -> None:
+                self._drop_use(bo)
+            for fence in list(self._in_flight.values()):
+                bo.busy += 1
+                fence.add_callback(drop)
         if bo.busy == 0:
             self._release(bo)
 
+    def _drop_use(self, bo: BufferObject) -> None:
+        bo.busy -= 1
+        if bo.busy == 0 and bo.free_pending:
+            self._last_use_done(bo)
+
+    def _last_use_done(self, bo: BufferObject) -> None:
+        """A fence dropped bo's last use (interrupt context: must not wait)."""
+        if bo.flags == U.BO_DEVICE and self._mapped_in(bo):
+            self.dev.deferred.append(lambda: self._release(bo))
+        else:
+            self._release(bo)
+
+    def _mapped_in(self, bo: BufferObject) -> list[Context]:
+        return [c for c in self._contexts.values() if bo.addr in c.mappings]
+
     def _release(self, bo: BufferObject) -> None:
+        """Give the memory back; a DEVICE buffer is unmapped from every context first
+        (task context). If an unmap fails the memory is kept (leaked, traced): a context
+        could still reach it, and it must never be handed to someone else."""
         if bo.released:
             return
         bo.released = True
         if bo.flags == U.BO_DEVICE:
             assert self.dev.devmem is not None
+            if not self._unmap_all(bo, self._mapped_in(bo)):
+                self.leaked.append(bo.addr)
+                self.dev.kernel.trace.emit("devmem_leak", dev=self.dev.name, addr=bo.addr,
+                                           size=bo.map_size)
+                return
             self.dev.devmem.free(bo.addr)
         else:
             self.dev.alloc.free(bo.addr)
@@ -183,6 +280,16 @@ class VA1File:
         if a.flags != 0:
             raise _err(errno.EINVAL, f"CONTEXT_CREATE: flags must be 0, got {a.flags:#x}")
         ctx = self.dev.create_context()
+        try:
+            for bo in list(self._bos.values()):
+                if bo.flags == U.BO_DEVICE and not bo.free_pending:
+                    self._map(ctx, bo)
+        except BaseException:
+            try:
+                self.dev.destroy_context(ctx)
+            except OSError:
+                pass  # reset or dead: the context is gone either way
+            raise
         self._contexts[ctx.uid] = ctx
         a.context_id = ctx.uid
 
@@ -222,11 +329,12 @@ class VA1File:
         for bo in bos:
             bo.busy += 1
 
-        def done(_fence: Fence) -> None:
+        def done(fence: Fence) -> None:
+            self._in_flight.pop(id(fence), None)
             for b in bos:
                 b.busy -= 1
                 if b.busy == 0 and b.free_pending:
-                    self._release(b)
+                    self._last_use_done(b)
         try:
             fence = self.dev.submit(ctx, int(a.queue), cmd.addr + off, size, on_done=done)
         except BaseException:
@@ -235,6 +343,8 @@ class VA1File:
                 if bo.busy == 0 and bo.free_pending:
                     self._release(bo)
             raise
+        if not fence.signalled:
+            self._in_flight[id(fence)] = fence
         a.fence_seq = fence.seq
 
     def _wait(self, a: Any) -> None:

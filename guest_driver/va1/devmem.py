@@ -1,13 +1,16 @@
 """Device memory of one VA-1 function: addresses 0 .. device_memory_size-1 (datasheet §5).
 
 The driver is the only allocator of this space, so buffers of different contexts and
-processes never overlap.
+processes never overlap. Every range is CTX_PAGE-aligned and a whole number of CTX_PAGEs,
+so it can be mapped into a context's private address space (CONTEXT_MAP) on its own.
 """
 from __future__ import annotations
 
+from hwspec.va1 import CTX_PAGE
+
 from ..mm import AllocError, RangeAllocator, align_up
 
-DEVMEM_ALIGN = 256  # tensor-friendly; the device needs no more
+DEVMEM_ALIGN = CTX_PAGE  # the granule of context address-space mappings
 
 
 class DeviceMemory:
@@ -21,6 +24,10 @@ class DeviceMemory:
         if size > self.size:
             raise AllocError(f"device memory: {size} bytes requested, function has {self.size}")
         return self._alloc.alloc(align_up(size, DEVMEM_ALIGN), DEVMEM_ALIGN)
+
+    def mapped_size(self, addr: int) -> int:
+        """Bytes reserved at addr (the request rounded up to CTX_PAGE)."""
+        return self._alloc.size_of(addr)
 
     def free(self, addr: int) -> None:
         self._alloc.free(addr)

@@ -10,6 +10,15 @@ handler reaps every used ring and completes fences; it never waits. A broken dev
 re-initialised from the handler or the task that noticed it: every in-flight fence is
 signalled ABORTED exactly once, every context of the old instance is lost, and new
 contexts work.
+
+Context address spaces: contexts are created private (no CTX_CREATE_FLAT); the device
+file maps each of its buffers into each of its contexts (`ctx_map` / `ctx_unmap`). A
+device that answers CONTEXT_MAP with BAD_ARG (it predates address spaces) makes the
+driver fall back to flat contexts for the rest of its life (`address_spaces` False).
+
+On a PF (`admin=True`, a PCI function with an SR-IOV capability) the driver also accepts
+VIRTIO_F_SR_IOV and VIRTIO_F_ADMIN_VQ and runs the admin virtqueue (`self.admin`);
+everywhere else it never accepts them.
 """
 from __future__ import annotations
 
@@ -24,7 +33,9 @@ from hwspec.layout import Layout
 
 from ..kernel import GuestKernel, PlatformDevice
 from ..mm import AllocError, PageAllocator
+from ..virtio.admin import ADMIN_QUEUE_SIZE, AdminError, AdminQueue
 from ..virtio.mmio import VirtioMmio
+from ..virtio.pci import VirtioPci
 from ..virtio.transport import ProbeError, TransportError, VirtioTransport
 from ..virtio.split_ring import RingError, SplitQueue
 from .devmem import DeviceMemory
@@ -34,13 +45,21 @@ WANTED_FEATURES = ((1 << V.F_VERSION_1) | (1 << V.F_ACCESS_PLATFORM)
                    | (1 << V.F_RING_INDIRECT_DESC) | (1 << V.F_RING_EVENT_IDX)
                    | (1 << A.F_FP16) | (1 << A.F_INT8) | (1 << A.F_TIMESTAMP))
 REQUIRED_FEATURES = 1 << V.F_VERSION_1
+PF_FEATURES = (1 << V.F_SR_IOV) | (1 << V.F_ADMIN_VQ)  # only ever accepted on a PF
+CTX_CREATE_FLAT = A.CTX_CREATE_FLAT
+CTX_MAP_RW = A.CTX_MAP_READ | A.CTX_MAP_WRITE
+CTRL_REQ_MAX = max(A.CTRL_REQ.size, A.CTX_MAP_REQ.size)   # request part of a ctrl slot
+CTRL_RESP_MAX = max(A.CTRL_RESP.size, A.STATS_RESP.size)
 CTRL_QUEUE_SIZE = 64
 EVENT_QUEUE_SIZE = 64
 SUBMIT_QUEUE_SIZE = A.DEFAULT_QUEUE_SIZE_MAX
 CTRL_TIMEOUT_NS = 1_000_000_000  # a control request completes in cmd_overhead_ns
 MAX_SUBMIT_QUEUES = 64
+# STOPPED (the PF stopped this function while the submission was queued) is not the
+# context's fault: it does not mark it faulted here (a CONTEXT_FAULT event would).
 FAULT_STATUSES = frozenset(s for s in A.Status if s not in (
-    A.Status.OK, A.Status.ABORTED, A.Status.BAD_CONTEXT, A.Status.CONTEXT_FAULTED))
+    A.Status.OK, A.Status.ABORTED, A.Status.BAD_CONTEXT, A.Status.CONTEXT_FAULTED,
+    A.Status.STOPPED))
 
 
 class VA1Error(OSError):
@@ -73,6 +92,8 @@ class Context:
     fault_status: int = 0
     lost: bool = False       # device reset since creation
     destroyed: bool = False
+    flat: bool = False       # created FLAT (or on a device without address spaces)
+    mappings: dict[int, int] = field(default_factory=dict)  # va -> size (CONTEXT_MAP)
 
 
 @dataclass
@@ -118,8 +139,9 @@ class VA1Device:
     """One bound VA-1 function."""
 
     def __init__(self, kernel: GuestKernel, dev: PlatformDevice | VirtioTransport,
-                 alloc: PageAllocator, name: str) -> None:
-        """`dev` is a virtio-mmio platform device or any ready-made transport."""
+                 alloc: PageAllocator, name: str, admin: bool = False) -> None:
+        """`dev` is a virtio-mmio platform device or any ready-made transport. `admin`:
+        this is an SR-IOV PF (virtio-pci only): accept SR_IOV and ADMIN_VQ if offered."""
         self.kernel = kernel
         self.pdev: PlatformDevice | None = None
         self.transport: VirtioTransport
@@ -144,6 +166,14 @@ class VA1Device:
         self._in_irq = False
         self._irq_again: list[tuple[bool, Optional[Sequence[int]]]] = []
         self._recovering = False
+        self.want_admin = admin and isinstance(self.transport, VirtioPci)
+        self.admin: AdminQueue | None = None
+        self.admin_opcodes: frozenset[int] = frozenset()  # opcodes the owner wants in use
+        # Context address spaces: None = not known yet, True = CONTEXT_MAP works,
+        # False = the device has none (old device): contexts are flat.
+        self.ctx_as: bool | None = None
+        self._flat_flag = CTX_CREATE_FLAT  # 0 once the device refused the flag
+        self.deferred: list[Callable[[], None]] = []  # task-context work queued by IRQs
 
     # ================================================================== bring-up
     def probe(self) -> None:
@@ -176,6 +206,9 @@ class VA1Device:
             q.ring.release()
             self.alloc.free(q.slot_base)
         self._queues = []
+        if self.admin is not None:
+            self.admin.release()
+            self.admin = None
         self.ready = False
 
     def _init_device(self, reset: bool = True) -> None:
@@ -186,7 +219,8 @@ class VA1Device:
             t.reset()
         t.add_status(V.STATUS_ACKNOWLEDGE)
         t.add_status(V.STATUS_DRIVER)
-        self.features = t.negotiate(WANTED_FEATURES, REQUIRED_FEATURES)
+        wanted = WANTED_FEATURES | (PF_FEATURES if self.want_admin else 0)
+        self.features = t.negotiate(wanted, REQUIRED_FEATURES)
         cfg = t.read_config(A.CONFIG)
         nsq = cfg["num_submit_queues"]
         if not 1 <= nsq <= MAX_SUBMIT_QUEUES:
@@ -198,7 +232,7 @@ class VA1Device:
         self.config = cfg
         indirect = bool(self.features >> V.F_RING_INDIRECT_DESC & 1)
         event_idx = bool(self.features >> V.F_RING_EVENT_IDX & 1)
-        plan = [(A.CONTROLQ, CTRL_QUEUE_SIZE, A.CTRL_REQ.size + A.STATS_RESP.size),
+        plan = [(A.CONTROLQ, CTRL_QUEUE_SIZE, CTRL_REQ_MAX + CTRL_RESP_MAX),
                 (A.EVENTQ, EVENT_QUEUE_SIZE, A.EVENT.size)]
         plan += [(A.FIRST_SUBMITQ + i, SUBMIT_QUEUE_SIZE, A.SUBMIT_REQ.size + A.SUBMIT_RESP.size)
                  for i in range(nsq)]
@@ -207,7 +241,11 @@ class VA1Device:
                 q.ring.release()
                 self.alloc.free(q.slot_base)
             self._queues = []
-        t.setup_interrupts([index for index, _, _ in plan], self._interrupt, self.name)
+        admin_index = self._admin_index()
+        irq_queues = [index for index, _, _ in plan]
+        if admin_index is not None:
+            irq_queues.append(admin_index)
+        t.setup_interrupts(irq_queues, self._interrupt, self.name)
         for i, (index, cap, slot_size) in enumerate(plan):
             num_max = t.queue_num_max(index)
             if num_max == 0:
@@ -227,6 +265,11 @@ class VA1Device:
             q = self._queues[i]
             q.reset_slots()
             t.setup_queue(index, num, q.ring.desc_addr, q.ring.driver_addr, q.ring.device_addr)
+        if admin_index is not None:
+            self._setup_admin(admin_index, indirect, event_idx)
+        elif self.admin is not None:  # no longer negotiated after a reset
+            self.admin.release()
+            self.admin = None
         evq = self._queues[A.EVENTQ]
         for _ in range(evq.ring.num):
             self._post_event_buffer(evq)
@@ -234,7 +277,74 @@ class VA1Device:
             q.ring.enable_interrupts()
         t.add_status(V.STATUS_DRIVER_OK)
         self.ready = True
+        if self.admin is not None:
+            self.admin.ready = True
+            self.admin.ring.enable_interrupts()
         self._kick(evq)
+
+    # ================================================================== admin queue
+    def _admin_index(self) -> int | None:
+        """Index of the admin queue when ADMIN_VQ was negotiated (PF only)."""
+        if not self.features >> V.F_ADMIN_VQ & 1:
+            return None
+        t = self.transport
+        assert isinstance(t, VirtioPci)
+        index, num = t.admin_queue_info()
+        if num == 0:
+            raise TransportError(f"{t.name}: VIRTIO_F_ADMIN_VQ negotiated but "
+                                 "admin_queue_num is 0")
+        t.set_admin_queues((index,))
+        return index
+
+    def _setup_admin(self, index: int, indirect: bool, event_idx: bool) -> None:
+        t = self.transport
+        num_max = t.queue_num_max(index)
+        if num_max == 0:
+            raise TransportError(f"admin queue {index} does not exist (queue_size 0)")
+        num = min(_pow2_floor(num_max), ADMIN_QUEUE_SIZE)
+        aq = self.admin
+        if aq is None or aq.index != index or aq.ring.num != num or (
+                aq.ring.indirect != indirect or aq.ring.event_idx != event_idx):
+            if aq is not None:
+                aq.release()
+            aq = AdminQueue(self.kernel, self.alloc, index, num, indirect=indirect,
+                            event_idx=event_idx, name=self.name, notify=t.notify,
+                            on_timeout=self.recover, check_alive=self.check_alive)
+            aq.wanted = self.admin_opcodes
+            self.admin = aq
+        else:
+            aq.reset()
+        t.setup_queue(index, num, aq.ring.desc_addr, aq.ring.driver_addr,
+                      aq.ring.device_addr)
+
+    def admin_init(self, group_type: int, opcodes: frozenset[int]) -> frozenset[int]:
+        """LIST_QUERY + LIST_USE on the admin queue (task context); again lazily after
+        every reset. Returns the opcodes in use. Raises VA1Error."""
+        self.admin_opcodes = opcodes
+        aq = self._admin_queue()
+        aq.group_type = group_type
+        aq.wanted = opcodes
+        try:
+            return aq.init_group(group_type, opcodes)
+        except AdminError as e:
+            raise VA1Error(e.errno or errno.EIO, str(e)) from None
+
+    def _admin_queue(self) -> AdminQueue:
+        self.check_alive()
+        if self.admin is None:
+            raise VA1Error(errno.EOPNOTSUPP, f"{self.name}: no admin virtqueue "
+                                             "(VIRTIO_F_ADMIN_VQ not negotiated)")
+        return self.admin
+
+    def admin_command(self, opcode: int, group_type: int, member: int, data: bytes = b"",
+                      result_size: int = 0, what: str = "") -> tuple[int, int, bytes]:
+        """One admin command, blocking: (status, qualifier, result). Raises VA1Error
+        when it could not be carried out (no admin queue, reset, timeout)."""
+        aq = self._admin_queue()
+        try:
+            return aq.command(opcode, group_type, member, data, result_size, what=what)
+        except AdminError as e:
+            raise VA1Error(e.errno or errno.EIO, str(e)) from None
 
     def _new_queue(self, index: int, num: int, slot_size: int, indirect: bool,
                    event_idx: bool) -> _Queue:
@@ -318,6 +428,16 @@ class VA1Device:
                 return
             if 0 <= index < len(self._queues):
                 self._reap(self._queues[index])
+            elif self.admin is not None and index == self.admin.index:
+                self._reap_admin()
+
+    def _reap_admin(self) -> None:
+        if self.admin is None:
+            return
+        broken = self.admin.reap()
+        if broken:
+            self._trace("ring_error", queue=self.admin.index, error=broken)
+            self.recover(f"admin queue {self.admin.index}: {broken}")
 
     def _config_changed(self) -> None:
         status = self.transport.read_status()
@@ -337,6 +457,8 @@ class VA1Device:
             if self.generation != gen or not self.ready:
                 return
             self._reap(q)
+        if self.generation == gen and self.ready:
+            self._reap_admin()
 
     def _reap(self, q: _Queue) -> None:
         gen = self.generation
@@ -361,7 +483,7 @@ class VA1Device:
         mem = self.kernel.memory
         base = q.slot_addr(token.slot)
         if isinstance(token, _CtrlRequest):
-            resp = mem.read(base + A.CTRL_REQ.size, ulen) if ulen else b""
+            resp = mem.read(base + CTRL_REQ_MAX, ulen) if ulen else b""
             q.free_slots.append(token.slot)
             token.status = (struct.unpack_from("<I", resp)[0] if ulen >= 4
                             else int(A.Status.BAD_REQUEST))
@@ -457,8 +579,11 @@ class VA1Device:
                     token.done = True
                 elif isinstance(token, _Submission):
                     aborted.append(token)
+        if self.admin is not None:
+            self.admin.abort()
         for ctx in self._contexts.values():
             ctx.lost = True
+            ctx.mappings.clear()
         self._contexts = {}
         for sub in aborted:
             sub.ctx.timeline.signal(sub.fence, A.Status.ABORTED)
@@ -489,6 +614,9 @@ class VA1Device:
             q.ring.release()
             self.alloc.free(q.slot_base)
         self._queues = []
+        if self.admin is not None:
+            self.admin.release()
+            self.admin = None
 
     # ================================================================== controlq
     def _control(self, req: bytes, resp_size: int, what: str) -> _CtrlRequest:
@@ -504,7 +632,7 @@ class VA1Device:
         base = q.slot_addr(slot)
         self.kernel.memory.write(base, req)
         token = _CtrlRequest(slot)
-        q.ring.add(((base, len(req)),), ((base + A.CTRL_REQ.size, resp_size),), token)
+        q.ring.add(((base, len(req)),), ((base + CTRL_REQ_MAX, resp_size),), token)
         self._kick(q)
         ok = self._wait(lambda: token.done, CTRL_TIMEOUT_NS, "ctrl", request=what)
         if not ok:
@@ -515,9 +643,23 @@ class VA1Device:
             raise VA1Error(errno.EIO, f"{self.name}: device reset during {what}")
         return token
 
+    @property
+    def address_spaces(self) -> bool:
+        """Whether contexts get private address spaces (False after the fallback)."""
+        return self.ctx_as is not False
+
     def create_context(self) -> Context:
-        tok = self._control(_pack(A.CTRL_REQ, type=A.CtrlType.CONTEXT_CREATE),
+        """A private context (flat once the device proved to have no address spaces)."""
+        flags = self._flat_flag if self.ctx_as is False else 0
+        tok = self._control(_pack(A.CTRL_REQ, type=A.CtrlType.CONTEXT_CREATE, flags=flags),
                             A.CTRL_RESP.size, "CONTEXT_CREATE")
+        if flags and tok.status == A.Status.BAD_REQUEST:
+            # a device without address spaces takes no flags: its contexts are all flat
+            self._flat_flag = 0
+            self._trace("ctx_flat_flag_refused")
+            flags = 0
+            tok = self._control(_pack(A.CTRL_REQ, type=A.CtrlType.CONTEXT_CREATE),
+                                A.CTRL_RESP.size, "CONTEXT_CREATE")
         if len(tok.resp) < A.CTRL_RESP.size and tok.status == A.Status.OK:
             raise VA1Error(errno.EIO, f"{self.name}: CONTEXT_CREATE response short "
                                       f"({len(tok.resp)} bytes)")
@@ -533,9 +675,88 @@ class VA1Device:
                                       "which is already live")
         uid = self._next_uid
         self._next_uid += 1
-        ctx = Context(uid, dev_id, self.generation, FenceTimeline(uid, self.kernel.trace))
+        ctx = Context(uid, dev_id, self.generation, FenceTimeline(uid, self.kernel.trace),
+                      flat=self.ctx_as is False)
         self._contexts[dev_id] = ctx
         return ctx
+
+    def ctx_map(self, ctx: Context, va: int, pa: int, size: int,
+                flags: int = CTX_MAP_RW) -> bool:
+        """Map [pa, pa+size) of the function's memory at va in ctx's address space.
+        Returns False when there is nothing to do (flat context, or the device has no
+        address spaces: the first BAD_ARG answer switches the driver to flat contexts).
+        Raises VA1Error: ENOMEM (device mapping table full), EINVAL (range refused),
+        ECANCELED (context gone), EIO."""
+        if ctx.flat or self.ctx_as is False:
+            return False
+        self.check_ctx_live(ctx)
+        tok = self._control(_pack(A.CTX_MAP_REQ, type=A.CtrlType.CONTEXT_MAP,
+                                  context_id=ctx.device_id, flags=flags, va=va, pa=pa,
+                                  size=size),
+                            A.CTRL_RESP.size, "CONTEXT_MAP")
+        st = tok.status
+        if st == A.Status.OK:
+            self.ctx_as = True
+            ctx.mappings[va] = size
+            self._trace("ctx_map", context=ctx.uid, va=va, size=size)
+            return True
+        if st == A.Status.CONTEXT_FAULTED:
+            # a faulted context runs nothing more: it needs no mapping
+            if not ctx.faulted:
+                ctx.faulted, ctx.fault_status = True, int(st)
+            return False
+        if st == A.Status.BAD_ARG and self.ctx_as is None:
+            self.ctx_as = False
+            for c in self._contexts.values():
+                c.flat = True
+            self._trace("ctx_as_fallback", reason="CONTEXT_MAP answered BAD_ARG: device has "
+                                                  "no context address spaces; contexts are "
+                                                  "flat")
+            return False
+        what = (f"{self.name}: CONTEXT_MAP of [{pa:#x}, +{size:#x}) at va {va:#x} into "
+                f"context {ctx.uid}")
+        if st == A.Status.NO_RESOURCES:
+            raise VA1Error(errno.ENOMEM, f"{what}: device mapping table is full")
+        if st in (A.Status.OUT_OF_BOUNDS, A.Status.BAD_ARG):
+            raise VA1Error(errno.EINVAL, f"{what}: refused ({_status_name(st)})")
+        if st == A.Status.BAD_CONTEXT:
+            raise VA1Error(errno.ECANCELED, f"{what}: device does not know the context")
+        raise VA1Error(errno.EIO, f"{what}: failed with status {_status_name(st)}")
+
+    def ctx_unmap(self, ctx: Context, va: int) -> None:
+        """Undo one ctx_map. Nothing to do when the mapping is gone with its context
+        (destroyed, or lost in a reset). Raises VA1Error(EIO) if the device refuses."""
+        size = ctx.mappings.get(va)
+        if size is None or ctx.destroyed or ctx.lost or ctx.generation != self.generation:
+            ctx.mappings.pop(va, None)
+            return
+        self.check_alive()
+        tok = self._control(_pack(A.CTX_MAP_REQ, type=A.CtrlType.CONTEXT_UNMAP,
+                                  context_id=ctx.device_id, va=va, size=size),
+                            A.CTRL_RESP.size, "CONTEXT_UNMAP")
+        if tok.status in (A.Status.OK, A.Status.BAD_CONTEXT, A.Status.CONTEXT_FAULTED):
+            # a faulted context runs nothing more, so it cannot reach the range either
+            if tok.status == A.Status.CONTEXT_FAULTED and not ctx.faulted:
+                ctx.faulted, ctx.fault_status = True, int(tok.status)
+            ctx.mappings.pop(va, None)
+            self._trace("ctx_unmap", context=ctx.uid, va=va, size=size)
+            return
+        raise VA1Error(errno.EIO, f"{self.name}: CONTEXT_UNMAP of va {va:#x} (+{size:#x}) "
+                                  f"from context {ctx.uid} failed: "
+                                  f"{_status_name(tok.status)}")
+
+    def check_ctx_live(self, ctx: Context) -> None:
+        """The context exists on the device (faulted ones too)."""
+        if ctx.destroyed:
+            raise VA1Error(errno.ENOENT, f"context {ctx.uid} was destroyed")
+        if ctx.lost or ctx.generation != self.generation:
+            raise VA1Error(errno.ECANCELED, f"context {ctx.uid} was lost in a device reset")
+
+    def run_deferred(self) -> None:
+        """Run work that interrupt handlers queued for task context (e.g. the unmaps of
+        a buffer whose deferred free became possible)."""
+        while self.deferred:
+            self.deferred.pop(0)()
 
     def destroy_context(self, ctx: Context) -> None:
         """Destroy; a context lost in a reset is simply forgotten (nothing to destroy)."""
@@ -557,6 +778,7 @@ class VA1Device:
             raise VA1Error(errno.EIO, f"{self.name}: CONTEXT_DESTROY of device context "
                                       f"{ctx.device_id} failed: {_status_name(tok.status)}")
         ctx.destroyed = True
+        ctx.mappings.clear()
         self._contexts.pop(ctx.device_id, None)
 
     def get_stats(self) -> dict[str, int]:

@@ -6,6 +6,12 @@ config inside its memory BARs. Every field is accessed with its natural width (�
 for config changes plus one per queue, or, when the table, the kernel or the device
 cannot give that, a single vector for everything (the ISR read tells a config change
 apart). INTx is not supported: a device that refuses even that fails probe.
+
+With VIRTIO_F_ADMIN_VQ negotiated (a PF), the common config goes on past queue_reset with
+admin_queue_index / admin_queue_num (virtio 1.3 §4.1.4.3): the admin queues are set up
+like the others (`set_admin_queues` first, so they get vectors too). When the MSI-X table
+is one vector short for them, they share the config-change vector (the ISR read tells a
+config change apart) before falling back to a single vector for everything.
 """
 from __future__ import annotations
 
@@ -14,6 +20,7 @@ from typing import Callable, Sequence
 
 from hwspec import pci as P
 from hwspec import virtio as V
+from hwspec import virtio_admin as VA
 from hwspec import virtio_pci as VP
 from hwspec.layout import Layout
 
@@ -34,6 +41,8 @@ MODE_PER_QUEUE = "per-queue"
 MODE_SHARED = "shared"
 
 _SIZE_OF_CODE = {"B": 1, "H": 2, "I": 4, "Q": 8}
+_FIELD_SIZE = dict(VP.COMMON_FIELD_SIZE)
+_FIELD_SIZE.update({VA.COMMON_ADM_Q_IDX: 2, VA.COMMON_ADM_Q_NUM: 2})
 
 
 @dataclass(frozen=True)
@@ -72,6 +81,8 @@ class VirtioPci:
         self.fallback_reason: str | None = None
         self._queues: tuple[int, ...] = ()
         self._handler: InterruptHandler | None = None
+        self.admin_queues: tuple[int, ...] = ()
+        self.config_shared: tuple[int, ...] = ()  # queues whose vector is the config one
 
     # ---- identification -----------------------------------------------------------
     def probe(self) -> int:
@@ -148,10 +159,10 @@ class VirtioPci:
         return self.common.address + field
 
     def _rd(self, field: int) -> int:
-        return self.mmio.read(self._caddr(field), VP.COMMON_FIELD_SIZE[field])
+        return self.mmio.read(self._caddr(field), _FIELD_SIZE[field])
 
     def _wr(self, field: int, value: int) -> None:
-        size = VP.COMMON_FIELD_SIZE[field]
+        size = _FIELD_SIZE[field]
         self.mmio.write(self._caddr(field), size, value & ((1 << (8 * size)) - 1))
 
     # ---- status --------------------------------------------------------------------------
@@ -191,10 +202,27 @@ class VirtioPci:
     def negotiate(self, wanted: int, required: int = 1 << V.F_VERSION_1) -> int:
         return _negotiate(self, wanted, required)
 
+    # ---- admin queues (VIRTIO_F_ADMIN_VQ) ----------------------------------------------------
+    def admin_queue_info(self) -> tuple[int, int]:
+        """(admin_queue_index, admin_queue_num) from the common config; only meaningful
+        once VIRTIO_F_ADMIN_VQ is negotiated. (0, 0) when the common config is too short
+        to hold them."""
+        assert self.common is not None
+        if self.common.length < VA.COMMON_CFG_SIZE_WITH_ADMIN:
+            return 0, 0
+        return self._rd(VA.COMMON_ADM_Q_IDX), self._rd(VA.COMMON_ADM_Q_NUM)
+
+    def set_admin_queues(self, indices: Sequence[int]) -> None:
+        """Admin queue indices the driver will set up (they lie outside num_queues)."""
+        self.admin_queues = tuple(indices)
+
+    def _exists(self, index: int) -> bool:
+        return index < self.num_queues or index in self.admin_queues
+
     # ---- queues ------------------------------------------------------------------------------
     def queue_num_max(self, index: int) -> int:
         """queue_size of a queue (0 = absent). Read before the driver writes it."""
-        if index >= self.num_queues:
+        if not self._exists(index):
             return 0
         self._wr(VP.COMMON_Q_SELECT, index)
         return self._rd(VP.COMMON_Q_SIZE)
@@ -202,7 +230,7 @@ class VirtioPci:
     def setup_queue(self, index: int, num: int, desc: int, driver: int, device: int) -> None:
         """Program size and addresses, compute the notify address, enable (§4.1.5.1.3).
         The queue's MSI-X vector was routed by setup_interrupts."""
-        if index >= self.num_queues:
+        if not self._exists(index):
             raise TransportError(f"{self.name}: queue {index} does not exist "
                                  f"(num_queues {self.num_queues})")
         self._wr(VP.COMMON_Q_SELECT, index)
@@ -262,21 +290,28 @@ class VirtioPci:
     def _take_vectors(self, name: str) -> None:
         assert self.msix is not None
         want = 1 + len(self._queues)
-        if want <= self.msix.table_size:
+        admin = tuple(q for q in self._queues if q in self.admin_queues)
+        self.config_shared = ()
+        if want > self.msix.table_size and admin and want - len(admin) <= self.msix.table_size:
+            self.config_shared = admin  # admin queues ride on the config vector
+        own = [q for q in self._queues if q not in self.config_shared]
+        if 1 + len(own) <= self.msix.table_size:
             handlers: list[tuple[Callable[[], None], str]] = [(self._config_irq,
                                                                f"{name}-config")]
-            handlers += [(self._queue_irq(q), f"{name}-vq{q}") for q in self._queues]
+            handlers += [(self._queue_irq(q), f"{name}-vq{q}") for q in own]
             try:
                 self.msix.setup(handlers)
                 self.mode = MODE_PER_QUEUE
                 self.config_vector = 0
-                self.vectors = {q: 1 + i for i, q in enumerate(self._queues)}
+                self.vectors = {q: 1 + i for i, q in enumerate(own)}
+                self.vectors.update({q: 0 for q in self.config_shared})
                 return
             except OSError as e:
-                self.fallback_reason = f"kernel has no {want} MSI vectors ({e})"
+                self.fallback_reason = f"kernel has no {1 + len(own)} MSI vectors ({e})"
         else:
             self.fallback_reason = (f"MSI-X table has {self.msix.table_size} entries, "
                                     f"{want} wanted")
+        self.config_shared = ()
         self._shared(name)
 
     def _shared(self, name: str) -> None:
@@ -294,6 +329,7 @@ class VirtioPci:
     def _fall_back(self, name: str, reason: str) -> None:
         assert self.msix is not None
         self.msix.teardown()
+        self.config_shared = ()
         self.fallback_reason = reason
         self._shared(name)
 
@@ -305,7 +341,7 @@ class VirtioPci:
         if got != self.config_vector:
             return f"config changes (msix_config wrote {self.config_vector}, read {got:#x})"
         for q in self._queues:
-            if q >= self.num_queues:
+            if not self._exists(q):
                 continue  # setup_queue will say it does not exist
             self._wr(VP.COMMON_Q_SELECT, q)
             self._wr(VP.COMMON_Q_MSIX, self.vectors[q])
@@ -321,9 +357,14 @@ class VirtioPci:
         self.mode = None
         self.vectors = {}
         self.config_vector = VP.MSI_NO_VECTOR
+        self.config_shared = ()
 
     def _config_irq(self) -> None:
-        if self._handler is not None:
+        if self._handler is None:
+            return
+        if self.config_shared:  # shared with admin queues: the ISR tells a config change
+            self._handler(bool(self.read_isr() & VP.ISR_CONFIG), self.config_shared)
+        else:
             self._handler(True, ())
 
     def _queue_irq(self, index: int) -> Callable[[], None]:

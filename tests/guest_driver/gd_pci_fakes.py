@@ -312,7 +312,7 @@ class FakeVA1Pci(FakeVA1):
         self.lost_interrupts: list[str] = []
         self.notifies: list[int] = []
         super().__init__(kernel, **kw)  # type: ignore[arg-type]
-        nq = 2 + self.nsq
+        nq = len(self.queues)
         self.notify_mult = notify_mult
         self.notify_offs = notify_offs if notify_offs is not None else [
             (5 * i + 3) % 16 for i in range(nq)]
