@@ -11,15 +11,18 @@ from __future__ import annotations
 
 import errno
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable, Sequence
 
 from device_model import DevicePorts, Va1Config, Va1Device, VirtioPciFunction
 from device_model.pci.api import PciFunction
 from device_model.ports import DmaPort, MsiPort, Tracer
 from guest_driver.kernel import MsiMessage
 from hwspec import pci as P
+from hwspec import va1 as A
 
 from .bus import MmioBus
+from .host_kernel import HostKernelServices, make_host_kernel
+from .sriov import HostSriovPlatform, PfDriver, SriovError, VfResources
 from .eventfd import EventfdWaitQueues
 from .iommu import Iommu, IommuDma, bdf, format_bdf
 from .irq import UnknownMsi
@@ -30,6 +33,10 @@ from .vfio.pci_device import VfioPciDevice
 
 HOST_MSI_FIRST = 0x30
 HOST_MSI_LAST = 0xEF
+# With interrupt remapping the message data is a handle into the remapping table, not
+# a CPU vector: a host with many VFs (64 VFs x 5 MSI-X vectors) needs more than one
+# CPU's 192 vectors. Host() uses this much larger space.
+HOST_MSI_REMAPPED_LAST = 0x30 + 0x4000
 
 
 class HostMsiDomain:
@@ -43,8 +50,9 @@ class HostMsiDomain:
     raise another function's interrupts. A message runs its vector's callback
     synchronously, inside the device event that sent it."""
 
-    def __init__(self, tracer: Tracer) -> None:
+    def __init__(self, tracer: Tracer, first: int = HOST_MSI_FIRST, last: int = HOST_MSI_LAST) -> None:
         self._trace = tracer
+        self.first, self.last = first, last
         self._vectors: dict[int, tuple[Callable[[], None], str, int | None]] = {}
         self.unknown: list[UnknownMsi] = []
         self.delivered = 0
@@ -52,7 +60,7 @@ class HostMsiDomain:
     def alloc(self, callback: Callable[[], None], name: str,
               requester_id: int | None = None) -> MsiMessage:
         """A free vector for `callback`, accepted only from `requester_id` when given."""
-        for v in range(HOST_MSI_FIRST, HOST_MSI_LAST + 1):
+        for v in range(self.first, self.last + 1):
             if v not in self._vectors:
                 self._vectors[v] = (callback, name, requester_id)
                 return MsiMessage(P.MSI_ADDRESS_BASE, v)
@@ -113,9 +121,15 @@ class HostPciFunction:
     slot: PciSlot
     device: object = None   # the device core behind the function (e.g. Va1Device)
     group: VfioGroup | None = None
+    pf: "HostPciFunction | None" = None   # a VF: its physical function
+    vf_index: int | None = None           # a VF: its number, 1-based
 
 
 FunctionFactory = Callable[[DmaPort, MsiPort, str], tuple[PciFunction, object]]
+# (PF device ports, PF MSI port, the host's SR-IOV platform, trace source) -> (PF, card)
+CardFactory = Callable[[DevicePorts, MsiPort, HostSriovPlatform, str], tuple[PciFunction, object]]
+# (host-kernel services, the PF's HostPciFunction) -> a probed PF driver
+PfDriverFactory = Callable[[HostKernelServices, "HostPciFunction"], PfDriver]
 
 
 class Host:
@@ -126,7 +140,7 @@ class Host:
         self.name = name
         self.tracer = machine.trace.tracer(name)
         self.iommu = Iommu(tracer=machine.trace.tracer(f"{name}.iommu"))
-        self.msi = HostMsiDomain(machine.trace.tracer(f"{name}.msi"))
+        self.msi = HostMsiDomain(machine.trace.tracer(f"{name}.msi"), last=HOST_MSI_REMAPPED_LAST)
         self.eventfds = EventfdWaitQueues()
         self.bus = MmioBus()  # the host physical address space the BARs decode in
         self.pci = PciHost(self.bus, machine.trace.tracer(f"{name}.pci"), f"{name}.pci",
@@ -134,6 +148,10 @@ class Host:
                            mem_size=0x40_0000_0000, mem32_base=0xB000_0000)
         self.functions: dict[str, HostPciFunction] = {}
         self._next_group = 10
+        self.sriov: dict[str, HostSriovPlatform] = {}       # PF name -> its SR-IOV platform
+        self.kernels: dict[str, HostKernelServices] = {}    # PF name -> host-kernel services
+        self.pf_drivers: dict[str, PfDriver] = {}           # PF name -> bound PF driver
+        self.pf_driver_factory: PfDriverFactory | None = None
 
     def add_function(self, factory: FunctionFactory, bus: int = 1, dev: int = 0, fn: int = 0
                      ) -> HostPciFunction:
@@ -173,9 +191,202 @@ class Host:
             return hf.group
         group = VfioGroup(self._next_group)
         self._next_group += 1
+        virtfn_ids = None
+        if hf.pf is not None:  # a VF: vfio-pci shows the PF's vendor and the VF Device ID
+            platform = self.sriov.get(hf.pf.name)
+            did = platform._cfg(P.SRIOV_VF_DID, 2) if platform is not None and platform.cap else 0
+            virtfn_ids = (hf.pf.function.config_read(P.VENDOR_ID, 2), did)
         device = VfioPciDevice(hf.function, self.msi, self.eventfds, hf.name,
                                self.machine.trace.tracer(f"{self.name}.vfio-pci.{format_bdf(hf.requester_id)}"),
-                               requester_id=hf.requester_id)
+                               requester_id=hf.requester_id, virtfn_ids=virtfn_ids)
         group.add_device(hf.name, device, hf.requester_id)
         hf.group = group
         return group
+
+    def drop_vfio(self, hf: HostPciFunction) -> None:
+        """A function leaves the host (VF disable): forget its VFIO group."""
+        group = hf.group
+        hf.group = None
+        if group is not None and getattr(group, "container", None) is not None:
+            try:
+                group.unset_container()
+            except Exception:  # noqa: BLE001 - the function is gone either way
+                pass
+
+    # -- SR-IOV ------------------------------------------------------------------------
+
+    def add_va1_card(self, config: Va1Config | None = None, *, bus: int = 1, dev: int = 0,
+                     fn: int = 0, card_factory: CardFactory | None = None,
+                     **card_options: Any) -> HostPciFunction:
+        """A VA-1 card: a PF with the SR-IOV capability (device_model.va1.card.Va1Card by
+        default; `card_factory` builds another). Firmware places its BAR and its VF BARs;
+        the host's SR-IOV platform puts VFs on this segment when VF Enable is set."""
+        rid = bdf(bus, dev, fn)
+        platform = HostSriovPlatform(self, rid, f"0000:{format_bdf(rid)}")
+        make = card_factory or default_card_factory(config, **card_options)
+
+        def factory(dma: DmaPort, msi: MsiPort, source: str) -> tuple[PciFunction, object]:
+            ports = DevicePorts(dma=dma, clock=self.machine.sched,
+                                tracer=self.machine.trace.tracer(source))
+            return make(ports, msi, platform, source)
+        hf = self.add_function(factory, bus, dev, fn)
+        platform.attach(hf)
+        self.sriov[hf.name] = platform
+        return hf
+
+    def _pf(self, pf: HostPciFunction | str | None) -> HostPciFunction:
+        if isinstance(pf, HostPciFunction):
+            return pf
+        if pf is None:
+            if not self.sriov:
+                raise SriovError(f"{self.name}: no SR-IOV capable function (add_va1_card first)")
+            return self.functions[next(iter(self.sriov))]
+        if pf not in self.sriov:
+            raise SriovError(f"{self.name}: {pf!r} is not an SR-IOV PF "
+                             f"(have {', '.join(self.sriov) or 'none'})")
+        return self.functions[pf]
+
+    def sriov_platform(self, pf: HostPciFunction | str | None = None) -> HostSriovPlatform:
+        return self.sriov[self._pf(pf).name]
+
+    def vfs(self, pf: HostPciFunction | str | None = None) -> list[HostPciFunction]:
+        """The enabled VFs of `pf` (the first card by default), VF 1 first."""
+        return list(self.sriov_platform(pf).vfs)
+
+    def host_kernel(self, pf: HostPciFunction | str | None = None) -> HostKernelServices:
+        """The host-kernel services the PF's driver runs on (made on first use)."""
+        hf = self._pf(pf)
+        k = self.kernels.get(hf.name)
+        if k is None:
+            k = self.kernels[hf.name] = make_host_kernel(self, hf.requester_id,
+                                                         f"pf-{format_bdf(hf.requester_id)}")
+        return k
+
+    def pf_driver(self, pf: HostPciFunction | str | None = None) -> PfDriver:
+        """The PF's host driver, bound and probed on first use (in the calling context:
+        the main thread before guests run, or a host task)."""
+        hf = self._pf(pf)
+        drv = self.pf_drivers.get(hf.name)
+        if drv is None:
+            make = self.pf_driver_factory or default_pf_driver_factory
+            drv = self.pf_drivers[hf.name] = make(self.host_kernel(hf), hf)
+        return drv
+
+    def enable_sriov(self, num_vfs: int, resources: Sequence[VfResources | dict[str, int]] | None = None,
+                     *, pf: HostPciFunction | str | None = None, bind: bool = True
+                     ) -> list[HostPciFunction]:
+        """Enable `num_vfs` VFs through the PF driver, provision each through the admin
+        queue (`resources[i]` for VF i+1; defaults otherwise) and bind them to vfio-pci.
+        Returns the VFs, VF 1 first. Runs in main-thread mode or in a host task."""
+        hf = self._pf(pf)
+        platform = self.sriov[hf.name]
+        total = platform.total_vfs
+        if not isinstance(num_vfs, int) or isinstance(num_vfs, bool) or not 1 <= num_vfs <= total:
+            raise SriovError(f"{hf.name}: {num_vfs!r} VFs asked, the PF has 1 .. {total}")
+        if resources is not None and len(resources) != num_vfs:
+            raise SriovError(f"{hf.name}: {len(resources)} resource sets for {num_vfs} VFs")
+        self._check_unassigned(hf)
+        res = [VfResources.from_mapping(r) for r in resources] if resources is not None \
+            else [default_vf_resources(num_vfs)] * num_vfs
+        drv = self.pf_driver(hf)
+        drv.sriov_configure(num_vfs)
+        if len(platform.vfs) != num_vfs:
+            raise SriovError(f"{hf.name}: {num_vfs} VFs configured, {len(platform.vfs)} appeared")
+        for n, r in enumerate(res, start=1):
+            drv.set_resources(n, r)
+        self.tracer.emit("sriov_enabled", pf=hf.name, vfs=num_vfs)
+        if bind:
+            for vf in platform.vfs:
+                self.bind_vfio(vf)
+        return list(platform.vfs)
+
+    def _check_unassigned(self, hf: HostPciFunction) -> None:
+        busy = [v.name for v in self.sriov[hf.name].vfs
+                if v.group is not None and v.group.container is not None]
+        if busy:
+            raise SriovError(f"{hf.name}: VFs {', '.join(busy)} are assigned to VMs; "
+                             "release them (close the VMs) before changing NumVFs")
+
+    def disable_sriov(self, pf: HostPciFunction | str | None = None) -> None:
+        """Disable every VF of `pf` (SriovError while one is assigned to a VM)."""
+        hf = self._pf(pf)
+        self._check_unassigned(hf)
+        self.pf_driver(hf).sriov_configure(0)
+
+    def close(self) -> None:
+        for k in self.kernels.values():
+            k.close()
+
+
+def default_vf_resources(num_vfs: int) -> VfResources:
+    """An equal share of the card's VF memory pool (capped at 64 MiB), weight 1."""
+    pool = A.DEFAULT_CARD_MEMORY - A.DEFAULT_PF_MEMORY
+    share = min(64 << 20, pool // max(1, num_vfs)) // A.PARTITION_ALIGN * A.PARTITION_ALIGN
+    return VfResources(device_memory=share)
+
+
+def default_card_factory(config: Va1Config | None = None, **options: Any) -> CardFactory:
+    """Build device_model.va1.card.Va1Card (the device side of SR-IOV)."""
+    def make(ports: DevicePorts, msi: MsiPort, platform: HostSriovPlatform, source: str
+             ) -> tuple[PciFunction, object]:
+        try:
+            from device_model.va1.card import Va1Card  # type: ignore[import-not-found]
+        except ImportError as e:
+            raise SriovError(f"device_model.va1.card.Va1Card is not available ({e}); "
+                             "pass card_factory=") from None
+        from device_model import VirtioPciFunction
+        card = Va1Card(config or Va1Config(), ports, **options)
+        pf = VirtioPciFunction.physical_function(card, msi=msi, platform=platform,
+                                                 tracer=ports.tracer)
+        return pf, card
+    return make
+
+
+def default_pf_driver_factory(kernel: HostKernelServices, hf: HostPciFunction) -> PfDriver:
+    """guest_driver.va1.pf's PF driver, probed on the PF as the host kernel sees it."""
+    try:
+        from guest_driver.va1 import pf as pfmod  # type: ignore[attr-defined]
+    except ImportError as e:
+        raise SriovError(f"guest_driver.va1.pf is not available ({e}); "
+                         "set Host.pf_driver_factory") from None
+    from guest_driver.pci.config import Bdf, ConfigSpace
+    from guest_driver.pci.scan import read_function
+    bridge = kernel.pci_hosts[0]
+    bdf_ = Bdf(0, hf.slot.bus, hf.slot.dev, hf.slot.fn)
+    fn = read_function(ConfigSpace(kernel.mmio, bridge.ecam_base, bdf_), bridge)
+    drv = pfmod.probe_pf(kernel, fn, name=f"pf-{format_bdf(hf.requester_id)}", host=bridge)
+    return _PfDriverAdapter(drv, pfmod)
+
+
+class _PfDriverAdapter:
+    """guest_driver.va1.pf.VA1Pf with set_resources taking vmm.sriov.VfResources too."""
+
+    def __init__(self, drv: Any, pfmod: Any) -> None:
+        self.drv = drv
+        self._pfmod = pfmod
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.drv, name)
+
+    def sriov_configure(self, num_vfs: int) -> int:
+        return int(self.drv.sriov_configure(num_vfs))
+
+    def set_resources(self, vf: int, resources: Any) -> None:
+        r = VfResources.from_mapping(resources)
+        self.drv.set_resources(vf, self._pfmod.VfResources(**r.as_dict()))
+
+    def get_resources(self, vf: int) -> VfResources:
+        return VfResources.from_mapping(self.drv.get_resources(vf))
+
+    def stop(self, vf: int) -> None:
+        self.drv.stop(vf)
+
+    def resume(self, vf: int) -> None:
+        self.drv.resume(vf)
+
+    def stats(self, vf: int) -> dict[str, int]:
+        from dataclasses import asdict
+        return {k: int(v) for k, v in asdict(self.drv.stats(vf)).items()}
+
+    def reset_vf(self, vf: int) -> None:
+        self.drv.reset_vf(vf)

@@ -23,6 +23,27 @@ every bad field gets an error naming the file and the field. Format (README, "VM
     entry = "userspace_runtime.workloads.mlp:main"   # module:function
     [program.args]                   # keyword arguments, called as entry(os, seed=, **args)
     batch = 64
+
+SR-IOV tenants (mode = "sriov-vf"): one host with one VA-1 card; the host's PF driver
+enables one VF per [[tenant]], provisions it through the admin queue and binds it to
+vfio-pci; each tenant is a VM of its own ([machine] gives every VM's defaults) with its
+VF assigned by VFIO passthrough, running its program (seed: the tenant's, derived from
+the image seed and the VF number):
+
+    [accelerator]
+    mode = "sriov-vf"                # transport is "pci"
+    total_vfs = 64                   # optional: the card's TotalVFs (1 .. 64)
+    [accelerator.config]             # optional Va1Config fields of the card
+    [accelerator.resources]          # default VF resources (hwspec.va1.VF_RESOURCES names)
+    device_memory = "64M"            # sizes as bytes or text; the rest integers
+    weight = 1
+
+    [[tenant]]                       # 1 .. total_vfs of them; VF n is the n-th
+    name = "alice"                   # the VM's name (unique)
+    memory = "32M"                   # optional, overrides machine.memory
+    resources = { weight = 2 }       # optional, overrides accelerator.resources
+    entry = "vmm.tenants.guest:checked_gemm"   # optional, overrides program.entry
+    args = { count = 16 }            # optional, merged over program.args
 """
 from __future__ import annotations
 
@@ -35,7 +56,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 DEFAULT_PROGRAM = "userspace_runtime.workloads.mlp:main"
-MODES = ("emulated", "passthrough")
+MODES = ("emulated", "passthrough", "sriov-vf")
+MAX_TOTAL_VFS = 64
 TRANSPORTS = ("mmio", "pci")
 PAGE = 4096
 MIN_MEMORY = 2 << 20
@@ -54,6 +76,19 @@ class AcceleratorSpec:
     mode: str = "emulated"
     transport: str = "mmio"
     config: dict[str, int] = field(default_factory=dict)
+    resources: dict[str, int] = field(default_factory=dict)   # sriov-vf: default VF resources
+    total_vfs: int | None = None                               # sriov-vf: the card's TotalVFs
+
+
+@dataclass(frozen=True)
+class TenantImage:
+    """One tenant VM of an sriov-vf image: VF `index` (1-based) assigned to it."""
+    index: int
+    name: str
+    memory: int
+    resources: dict[str, int]    # merged: accelerator.resources, then the tenant's
+    entry: str
+    args: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -68,6 +103,7 @@ class VmImage:
     accelerator: AcceleratorSpec = field(default_factory=AcceleratorSpec)
     entry: str = DEFAULT_PROGRAM
     args: dict[str, Any] = field(default_factory=dict)
+    tenants: tuple[TenantImage, ...] = ()
 
 
 class _Checker:
@@ -117,7 +153,7 @@ def parse_size(text: str | int) -> int:
 def parse_image(doc: dict[str, Any], path: str = "<image>") -> VmImage:
     """Check a parsed TOML document field by field and build the VmImage."""
     c = _Checker(path)
-    c.keys(doc, "", ("name", "description", "seed", "machine", "accelerator", "program"))
+    c.keys(doc, "", ("name", "description", "seed", "machine", "accelerator", "program", "tenant"))
     if "name" not in doc:
         raise c.fail("name", "missing (every image has a name)")
     name = c.typed(doc["name"], "name", str, "text")
@@ -130,31 +166,30 @@ def parse_image(doc: dict[str, Any], path: str = "<image>") -> VmImage:
     c.keys(machine, "machine.", ("memory", "vcpus", "exit_cost_ns"))
     memory = 256 << 20
     if "memory" in machine:
-        raw = c.typed(machine["memory"], "machine.memory", (int, str), "a size (bytes or text like \"256M\")")
-        try:
-            memory = parse_size(raw)
-        except ValueError as e:
-            raise c.fail("machine.memory", str(e)) from None
-        if memory % PAGE or not MIN_MEMORY <= memory <= MAX_MEMORY:
-            raise c.fail("machine.memory", f"{memory} bytes: must be a multiple of {PAGE} "
-                                           f"between {MIN_MEMORY} and {MAX_MEMORY}")
+        memory = _memory(c, machine["memory"], "machine.memory")
     vcpus = c.int_range(machine.get("vcpus", 1), "machine.vcpus", 1, 64)
     exit_cost = c.int_range(machine.get("exit_cost_ns", 1000), "machine.exit_cost_ns", 0, 10**9)
 
     if "accelerator" not in doc:
         raise c.fail("accelerator", "missing (mode and transport of the VA-1 to attach)")
     acc = c.table(doc, "accelerator", "")
-    c.keys(acc, "accelerator.", ("mode", "transport", "config"))
+    c.keys(acc, "accelerator.", ("mode", "transport", "config", "resources", "total_vfs"))
     mode = c.typed(acc.get("mode", "emulated"), "accelerator.mode", str, "text")
     if mode not in MODES:
         raise c.fail("accelerator.mode", f"unknown mode {mode!r} (one of: {', '.join(MODES)})")
-    transport = c.typed(acc.get("transport", "pci" if mode == "passthrough" else "mmio"),
+    transport = c.typed(acc.get("transport", "pci" if mode in ("passthrough", "sriov-vf") else "mmio"),
                         "accelerator.transport", str, "text")
     if transport not in TRANSPORTS:
         raise c.fail("accelerator.transport", f"unknown transport {transport!r} "
                                               f"(one of: {', '.join(TRANSPORTS)})")
-    if mode == "passthrough" and transport != "pci":
-        raise c.fail("accelerator.transport", "passthrough assigns a PCI function: transport must be \"pci\"")
+    if mode in ("passthrough", "sriov-vf") and transport != "pci":
+        raise c.fail("accelerator.transport", f"{mode} assigns a PCI function: transport must be \"pci\"")
+    if mode != "sriov-vf":
+        for key in ("resources", "total_vfs"):
+            if key in acc:
+                raise c.fail(f"accelerator.{key}", "only for mode = \"sriov-vf\"")
+        if "tenant" in doc:
+            raise c.fail("tenant", "[[tenant]] tables are only for mode = \"sriov-vf\"")
     cfg = c.table(acc, "config", "accelerator.")
     from device_model import Va1Config
     known = tuple(f.name for f in dataclasses.fields(Va1Config))
@@ -175,8 +210,82 @@ def parse_image(doc: dict[str, Any], path: str = "<image>") -> VmImage:
     args = dict(c.table(prog, "args", "program."))
     if "seed" in args:
         raise c.fail("program.args.seed", "the seed is given by the image's seed or --seed")
+    resources: dict[str, int] = {}
+    total_vfs: int | None = None
+    tenants: tuple[TenantImage, ...] = ()
+    if mode == "sriov-vf":
+        if "total_vfs" in acc:
+            total_vfs = c.int_range(acc["total_vfs"], "accelerator.total_vfs", 1, MAX_TOTAL_VFS)
+        resources = _resources(c, c.table(acc, "resources", "accelerator."), "accelerator.resources.")
+        tenants = _tenants(c, doc, memory, resources, entry, args, total_vfs or MAX_TOTAL_VFS)
     return VmImage(path, name, description, seed, memory, vcpus, exit_cost,
-                   AcceleratorSpec(mode, transport, dict(cfg)), entry, args)
+                   AcceleratorSpec(mode, transport, dict(cfg), resources, total_vfs), entry, args,
+                   tenants)
+
+
+def _memory(c: _Checker, raw: Any, where: str) -> int:
+    c.typed(raw, where, (int, str), "a size (bytes or text like \"256M\")")
+    try:
+        memory = parse_size(raw)
+    except ValueError as e:
+        raise c.fail(where, str(e)) from None
+    if memory % PAGE or not MIN_MEMORY <= memory <= MAX_MEMORY:
+        raise c.fail(where, f"{memory} bytes: must be a multiple of {PAGE} "
+                            f"between {MIN_MEMORY} and {MAX_MEMORY}")
+    return memory
+
+
+def _resources(c: _Checker, table: dict[str, Any], where: str) -> dict[str, int]:
+    """VF resources: hwspec.va1.VF_RESOURCES names; device_memory may be a size text."""
+    from .sriov import VfResources
+    names = VfResources.field_names()
+    c.keys(table, where, names)
+    out: dict[str, int] = {}
+    for k, v in table.items():
+        if k == "device_memory":
+            c.typed(v, where + k, (int, str), "a size (bytes or text like \"64M\")")
+            try:
+                v = parse_size(v)
+            except ValueError as e:
+                raise c.fail(where + k, str(e)) from None
+        out[k] = c.int_range(v, where + k, 0, (1 << 64) - 1)
+    if out.get("weight", 1) < 1:
+        raise c.fail(where + "weight", "must be >= 1")
+    return out
+
+
+def _tenants(c: _Checker, doc: dict[str, Any], memory: int, resources: dict[str, int],
+             entry: str, args: dict[str, Any], total_vfs: int) -> tuple[TenantImage, ...]:
+    raw = doc.get("tenant")
+    if raw is None:
+        raise c.fail("tenant", "missing: an sriov-vf image has one [[tenant]] table per VF")
+    if not isinstance(raw, list) or not all(isinstance(t, dict) for t in raw):
+        raise c.fail("tenant", "must be an array of tables ([[tenant]])")
+    if not 1 <= len(raw) <= total_vfs:
+        raise c.fail("tenant", f"{len(raw)} tenants: 1 .. {total_vfs} (the card's TotalVFs)")
+    out: list[TenantImage] = []
+    seen: set[str] = set()
+    for i, t in enumerate(raw, start=1):
+        w = f"tenant[{i - 1}]."
+        c.keys(t, w, ("name", "memory", "resources", "entry", "args"))
+        tname = c.typed(t.get("name", f"tenant{i}"), w + "name", str, "text")
+        if not tname.strip() or not re.match(r"^[A-Za-z0-9_.-]+$", tname):
+            raise c.fail(w + "name", f"{tname!r}: letters, digits, '_', '.', '-' only")
+        if tname in seen:
+            raise c.fail(w + "name", f"{tname!r} is used by another tenant")
+        seen.add(tname)
+        mem = _memory(c, t["memory"], w + "memory") if "memory" in t else memory
+        res = dict(resources)
+        res.update(_resources(c, c.table(t, "resources", w), w + "resources."))
+        tentry = c.typed(t.get("entry", entry), w + "entry", str, "text")
+        if not _ENTRY.match(tentry):
+            raise c.fail(w + "entry", f"{tentry!r} is not \"module:function\"")
+        targs = dict(args)
+        targs.update(c.table(t, "args", w))
+        if "seed" in targs:
+            raise c.fail(w + "args.seed", "the seed is given by the image's seed or --seed")
+        out.append(TenantImage(i, tname, mem, res, tentry, targs))
+    return tuple(out)
 
 
 def load_image(path: str | Path) -> VmImage:
@@ -197,14 +306,19 @@ def load_image(path: str | Path) -> VmImage:
 
 def resolve_program(image: VmImage) -> Callable[..., Any]:
     """Import the image's `module:function` (ImageError naming what is missing)."""
-    module_name, func_name = image.entry.split(":")
+    return resolve_entry(image.path, image.entry, "program.entry")
+
+
+def resolve_entry(path: str, entry: str, where: str) -> Callable[..., Any]:
+    """Import `module:function` (ImageError naming the file, the field and what is missing)."""
+    module_name, func_name = entry.split(":")
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
-        raise ImageError(f"{image.path}: program.entry: cannot import {module_name!r}: {e}") from None
+        raise ImageError(f"{path}: {where}: cannot import {module_name!r}: {e}") from None
     fn = getattr(module, func_name, None)
     if not callable(fn):
-        raise ImageError(f"{image.path}: program.entry: {module_name!r} has no function {func_name!r}")
+        raise ImageError(f"{path}: {where}: {module_name!r} has no function {func_name!r}")
     return fn  # type: ignore[no-any-return]
 
 
@@ -232,6 +346,8 @@ def build_vm(image: VmImage, machine: Any) -> tuple[Any, Any]:
 
     from .host import Host
     from .vm import Vm
+    if image.accelerator.mode == "sriov-vf":
+        raise ImageError(f"{image.path}: an sriov-vf image has many VMs: use build_tenants")
     vm = Vm(machine, image.name, ram_size=image.memory, exit_cost_ns=image.exit_cost_ns)
     config = Va1Config(**image.accelerator.config)
     host = None
@@ -246,11 +362,92 @@ def build_vm(image: VmImage, machine: Any) -> tuple[Any, Any]:
     return vm, host
 
 
-def run_image(image: VmImage, seed: int | None = None, keep_trace: bool = False) -> ImageRun:
-    """Boot the image, run its program as program(os, seed=seed, **args) in a guest task."""
+def build_tenants(image: VmImage, machine: Any, card_factory: Any = None,
+                  pf_driver_factory: Any = None) -> tuple[Any, list[Any]]:
+    """An sriov-vf image's host (card, VFs enabled, provisioned and bound to vfio-pci in
+    main-thread mode) and its tenant VMs, VF n assigned to the n-th: (host, vms)."""
+    from device_model import Va1Config
+
+    from .host import Host
+    from .sriov import SriovError, VfResources
+    from .vm import Vm
+    host = Host(machine)
+    if pf_driver_factory is not None:
+        host.pf_driver_factory = pf_driver_factory
+    acc = image.accelerator
+    options: dict[str, Any] = {}
+    if acc.total_vfs is not None:
+        options["total_vfs"] = acc.total_vfs
+    try:
+        pf = host.add_va1_card(Va1Config(**acc.config), card_factory=card_factory, **options)
+        vfs = host.enable_sriov(len(image.tenants),
+                                [VfResources(**t.resources) for t in image.tenants], pf=pf)
+    except (SriovError, ValueError, TypeError) as e:
+        raise ImageError(f"{image.path}: accelerator: {e}") from None
+    vms = []
+    for t, vf in zip(image.tenants, vfs):
+        vm = Vm(machine, t.name, ram_size=t.memory, exit_cost_ns=image.exit_cost_ns)
+        vm.attach_va1_passthrough(host, vf)
+        vms.append(vm)
+    return host, vms
+
+
+def tenant_seed(seed: int, vf: int) -> int:
+    """The data seed of tenant VF `vf` in a run seeded `seed`."""
+    return (seed * 1_000_003 + vf) % (1 << 63)
+
+
+def _run_tenants(image: VmImage, seed: int, keep_trace: bool, card_factory: Any,
+                 pf_driver_factory: Any) -> ImageRun:
     from .machine import Machine
-    program = resolve_program(image)
+    programs = [resolve_entry(image.path, t.entry, f"tenant[{t.index - 1}].entry")
+                for t in image.tenants]
+    machine = Machine(seed, keep_trace=keep_trace)
+    host, vms = build_tenants(image, machine, card_factory, pf_driver_factory)
+    tasks = []
+    for t, vm, prog in zip(image.tenants, vms, programs):
+        tseed = tenant_seed(seed, t.index)
+        tasks.append(vm.spawn_program(
+            lambda os_, prog=prog, tseed=tseed, args=dict(t.args): prog(os_, seed=tseed, **args),
+            name=t.name))
+    try:
+        machine.run_tasks()
+    finally:
+        for vm in vms:
+            vm.close()
+        host.close()
+    results: dict[str, Any] = {}
+    error: BaseException | None = None
+    ok = True
+    for t, task, prog in zip(image.tenants, tasks, programs):
+        if task.error is not None:
+            results[t.name] = {"ok": False, "error": f"{type(task.error).__name__}: {task.error}"}
+            error = error or task.error
+            ok = False
+            continue
+        r = task.result
+        verify = getattr(prog, "verify", None)
+        if isinstance(r, dict) and verify is not None:
+            r = dict(r)
+            r["correct"] = bool(verify(r, tenant_seed(seed, t.index)))
+            r["ok"] = bool(r.get("ok")) and r["correct"]
+        ok = ok and isinstance(r, dict) and r.get("ok") is True
+        results[t.name] = r
+    return ImageRun(image, seed, {"ok": ok, "tenants": results}, error, machine.now_ns(),
+                    machine.trace.digest(), sum(vm.mmio.exits for vm in vms),
+                    sum(vm.mmio.direct_accesses for vm in vms), list(machine.trace.events))
+
+
+def run_image(image: VmImage, seed: int | None = None, keep_trace: bool = False, *,
+              card_factory: Any = None, pf_driver_factory: Any = None) -> ImageRun:
+    """Boot the image, run its program as program(os, seed=seed, **args) in a guest task
+    (sriov-vf: every tenant VM's program, each in its own guest task; the result is
+    {"ok": all ok, "tenants": {name: result}})."""
+    from .machine import Machine
     seed = image.seed if seed is None else seed
+    if image.accelerator.mode == "sriov-vf":
+        return _run_tenants(image, seed, keep_trace, card_factory, pf_driver_factory)
+    program = resolve_program(image)
     machine = Machine(seed, keep_trace=keep_trace)
     vm, _host = build_vm(image, machine)
     args = dict(image.args)

@@ -8,6 +8,7 @@ from typing import Sequence
 from . import bench, demo, stats, vm
 from . import compile as compile_cmd
 from . import objdump, run
+from . import tenants as tenants_cmd
 
 
 def _seed(text: str) -> int:
@@ -33,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     compile_cmd.add_parser(sub)
     run.add_parser(sub)
     objdump.add_parser(sub)
+    tenants_cmd.add_parser(sub)
     return parser
 
 

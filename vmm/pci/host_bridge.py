@@ -20,7 +20,7 @@ straight into the guest (direct: no exit) and pieces that trap.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 from device_model.pci.api import BarInfo, PciFunction
 from guest_driver.kernel import PciHostBridge
@@ -190,6 +190,9 @@ class PciHost:
         self.slots: dict[tuple[int, int, int], PciSlot] = {}
         self.conflicts: list[BarConflict] = []
         self.bad_accesses = 0
+        # (bus, dev, fn) -> called after every config write to that slot (reg, size):
+        # how the host's SR-IOV platform follows VF MSE and the VF BAR registers.
+        self.config_hooks: dict[tuple[int, int, int], Callable[[int, int], None]] = {}
         bus.add(ecam_base, buses << P.ECAM_BUS_SHIFT, self, name=f"{name}.ecam")
 
     def info(self) -> PciHostBridge:
@@ -241,6 +244,12 @@ class PciHost:
         self._update_decoding(slot)
         return placed
 
+    def allocate(self, size: int, is_64bit: bool = True) -> int:
+        """Firmware: reserve a naturally aligned range of `size` bytes (a power of two) in
+        the 64-bit or 32-bit window, e.g. for the VF BARs of an SR-IOV capability."""
+        win = self._win64 if is_64bit else self._win32
+        return win.place(max(size, 4096))
+
     # -- ECAM (an MmioHandler on the VM bus) ----------------------------------------------
 
     def _decode(self, offset: int, size: int) -> tuple[PciSlot | None, int, bool]:
@@ -271,6 +280,9 @@ class PciHost:
         end = reg + size
         if (reg < P.COMMAND + 2 and end > P.COMMAND) or (reg < BAR_REGS_END and end > P.BASE_ADDRESS_0):
             self._update_decoding(slot)
+        hook = self.config_hooks.get((slot.bus, slot.dev, slot.fn))
+        if hook is not None:
+            hook(reg, size)
 
     # -- BAR decoding ---------------------------------------------------------------------
 

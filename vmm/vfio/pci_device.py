@@ -114,9 +114,16 @@ class VfioPciDevice:
     """Implements vmm.vfio.device_api.VfioDevice for one PciFunction."""
 
     def __init__(self, function: PciFunction, host_msi: "HostMsi", eventfds: EventfdWaitQueues,
-                 name: str, tracer: Tracer, requester_id: int | None = None) -> None:
+                 name: str, tracer: Tracer, requester_id: int | None = None,
+                 virtfn_ids: tuple[int, int] | None = None) -> None:
+        """`virtfn_ids` = (vendor, device) makes this an SR-IOV VF's device: as Linux's
+        vfio-pci does for a VF, the Vendor/Device ID (0xFFFF in a VF's config space)
+        read the PF's vendor and VF Device ID, and Command.Memory Space (hardwired 0 in a
+        VF: the PF's VF MSE decodes its BARs) is a virtual bit the user may set."""
         self.function = function
         self.requester_id = requester_id
+        self.virtfn_ids = virtfn_ids
+        self._vmem = 0
         self.host_msi = host_msi
         self.eventfds = eventfds
         self.name = name
@@ -125,7 +132,11 @@ class VfioPciDevice:
         self._bar_flags: dict[int, int] = {}
         self._bar_dword: dict[int, tuple[int, str]] = {}  # BAR register -> (bar index, lo|hi)
         for b in self._bars.values():
-            self._bar_flags[b.index] = function.config_read(P.BASE_ADDRESS_0 + 4 * b.index, 4) & 0xF
+            flags = function.config_read(P.BASE_ADDRESS_0 + 4 * b.index, 4) & 0xF
+            if flags == 0:  # an SR-IOV VF: its BAR registers read 0; describe the BAR itself
+                flags = (P.BASE_ADDRESS_MEM_TYPE_64 if b.is_64bit else 0) \
+                    | (P.BASE_ADDRESS_MEM_PREFETCH if b.prefetchable else 0)
+            self._bar_flags[b.index] = flags
             self._bar_dword[b.index] = (b.index, "lo")
             if b.is_64bit:
                 self._bar_dword[b.index + 1] = (b.index, "hi")
@@ -438,6 +449,7 @@ class VfioPciDevice:
         self._msix_disable()
         self._vmsix_flags = 0
         self._vbar = [0] * P.NUM_BARS
+        self._vmem = 0
         self.reset()
 
     # -- regions ----------------------------------------------------------------------------
@@ -512,6 +524,18 @@ class VfioPciDevice:
     def _is_virtual(self, off: int) -> bool:
         return P.BASE_ADDRESS_0 <= off < BAR_END or ROM_ADDRESS <= off < ROM_ADDRESS + 4
 
+    def _virtfn_fix(self, off: int, size: int, v: int) -> int:
+        """A VF's virtual ID bytes and Memory Space bit over the physical value."""
+        assert self.virtfn_ids is not None
+        ids = (self.virtfn_ids[0] | self.virtfn_ids[1] << 16).to_bytes(4, "little")
+        for i in range(size):
+            b = off + i
+            if b < 4:
+                v = (v & ~(0xFF << (8 * i))) | (ids[b] << (8 * i))
+            elif b == P.COMMAND:
+                v = (v & ~(P.COMMAND_MEMORY << (8 * i))) | (self._vmem << (8 * i))
+        return v
+
     def _cfg_read(self, off: int, size: int) -> int:
         if off + size > self.config_size:
             return (1 << (8 * size)) - 1
@@ -519,6 +543,8 @@ class VfioPciDevice:
             reg = off & ~3
             return (self._virt_dword(reg) >> (8 * (off - reg))) & ((1 << (8 * size)) - 1)
         v = self.function.config_read(off, size)
+        if self.virtfn_ids is not None and off < P.COMMAND + 1:
+            v = self._virtfn_fix(off, size, v)
         if self.msix_cap is not None:
             flags_off = self.msix_cap + P.MSIX_FLAGS
             if off < flags_off + 2 and flags_off < off + size:
@@ -554,6 +580,8 @@ class VfioPciDevice:
                 keep = MSIX_VIRT_BITS & ~covered
                 self._vmsix_flags = (self._vmsix_flags & keep) | (bits & MSIX_VIRT_BITS & covered)
                 return  # the rest of the flags word is read-only
+        if self.virtfn_ids is not None and off <= P.COMMAND < off + size:
+            self._vmem = (value >> (8 * (P.COMMAND - off))) & P.COMMAND_MEMORY
         flr = False
         if self.exp_cap is not None:
             devctl = self.exp_cap + P.EXP_DEVCTL
