@@ -30,7 +30,7 @@ from hwspec import pci as P
 from hwspec import va1 as A
 
 from .iommu import IommuDma, format_bdf
-from .pci.host_bridge import BarWindow, PciError
+from .pci.host_bridge import BarWindow, PciError, size_bar_registers
 
 if TYPE_CHECKING:
     from .host import Host, HostPciFunction
@@ -120,31 +120,7 @@ class VfBar:
 
 def size_vf_bars(function: PciFunction, cap: int) -> list[VfBar]:
     """Size VF BAR0..5 of the SR-IOV capability at `cap` (all-ones, read back, restore)."""
-    out: list[VfBar] = []
-    i = 0
-    while i < P.NUM_BARS:
-        reg = cap + P.SRIOV_BAR + 4 * i
-        orig = function.config_read(reg, 4)
-        function.config_write(reg, 4, ALL_ONES32)
-        lo = function.config_read(reg, 4)
-        function.config_write(reg, 4, orig)
-        if lo == 0 or lo & P.BASE_ADDRESS_SPACE_IO:
-            i += 1
-            continue
-        is64 = lo & P.BASE_ADDRESS_MEM_TYPE_MASK == P.BASE_ADDRESS_MEM_TYPE_64
-        mask = lo & P.BASE_ADDRESS_MEM_MASK
-        if is64 and i + 1 < P.NUM_BARS:
-            orig_hi = function.config_read(reg + 4, 4)
-            function.config_write(reg + 4, 4, ALL_ONES32)
-            hi = function.config_read(reg + 4, 4)
-            function.config_write(reg + 4, 4, orig_hi)
-            size = (~(mask | hi << 32) + 1) & ((1 << 64) - 1)
-        else:
-            size = (~mask + 1) & ALL_ONES32
-        if size:
-            out.append(VfBar(i, size, bool(is64), bool(lo & P.BASE_ADDRESS_MEM_PREFETCH)))
-        i += 2 if is64 else 1
-    return out
+    return [VfBar(*bar) for bar in size_bar_registers(function, cap + P.SRIOV_BAR)]
 
 
 def _pow2_ceil(n: int) -> int:

@@ -147,14 +147,19 @@ class Msix:
     def _size_ok(offset: int, size: int) -> bool:
         return size in (4, 8) and offset % size == 0
 
+    def _read(self, data: bytearray, what: str, offset: int, size: int) -> int:
+        """Aligned DWORD or QWORD reads only (PCI 3.0 §6.8.2); others read 0, logged;
+        beyond the end of `data` reads 0."""
+        if not self._size_ok(offset, size):
+            self.log("msix/access-size", f"{size}-byte MSI-X {what} read at {offset:#x}")
+            return 0
+        if offset + size > len(data):
+            return 0
+        return int.from_bytes(data[offset:offset + size], "little")
+
     def table_read(self, offset: int, size: int) -> int:
         """Aligned DWORD or QWORD reads only (PCI 3.0 §6.8.2); others read 0, logged."""
-        if not self._size_ok(offset, size):
-            self.log("msix/access-size", f"{size}-byte MSI-X table read at {offset:#x}")
-            return 0
-        if offset + size > len(self.table):
-            return 0
-        return int.from_bytes(self.table[offset:offset + size], "little")
+        return self._read(self.table, "table", offset, size)
 
     def table_write(self, offset: int, size: int, value: int) -> None:
         if not self._size_ok(offset, size):
@@ -170,12 +175,7 @@ class Msix:
         self.flush()
 
     def pba_read(self, offset: int, size: int) -> int:
-        if not self._size_ok(offset, size):
-            self.log("msix/access-size", f"{size}-byte MSI-X PBA read at {offset:#x}")
-            return 0
-        if offset + size > len(self.pba):
-            return 0
-        return int.from_bytes(self.pba[offset:offset + size], "little")
+        return self._read(self.pba, "PBA", offset, size)
 
     def pba_write(self, offset: int, size: int, value: int) -> None:
         """Pending bits are read-only: software must not write them."""

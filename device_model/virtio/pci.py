@@ -17,7 +17,6 @@ import struct
 
 from hwspec import pci as P
 from hwspec import va1
-from hwspec import virtio as V
 from hwspec import virtio_admin as VA
 from hwspec import virtio_pci as VP
 
@@ -29,14 +28,12 @@ from ..pci.msix import Msix
 from ..pci.sriov import SriovCap
 from ..ports import IrqLine, MsiPort, NullTracer, Tracer
 from .device import VirtioDevice
-from .mmio import Violation
-from .queue import Queue, is_power_of_two
+from .queue import Queue
+from .status import TransportCore, Violation
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..va1.card import Va1Card
 
-_DRIVER_BITS = (V.STATUS_ACKNOWLEDGE | V.STATUS_DRIVER | V.STATUS_FEATURES_OK
-                | V.STATUS_DRIVER_OK | V.STATUS_FAILED)
 _PAGE = 0x1000
 _BAR_ACCESS_SIZES = (1, 2, 4, 8)
 _CONFIG_SIZES = (1, 2, 4, 8)
@@ -46,12 +43,19 @@ _QUEUE_ADDR = _QUEUE_ADDR_LO + (VP.COMMON_Q_DESCHI, VP.COMMON_Q_AVAILHI, VP.COMM
 _QUEUE_WRITES = (VP.COMMON_Q_SIZE, VP.COMMON_Q_ENABLE) + _QUEUE_ADDR
 
 
-class VirtioPciFunction:
+class VirtioPciFunction(TransportCore):
     """A virtio 1.x device as a PCIe function (implements `device_model.pci.api.PciFunction`).
 
     `msi` receives MSI-X messages; `intx`, if given, is the level INTx line used while
     MSI-X is disabled (INTERRUPT_PIN then reads INTA, else 0). `device_cfg_length` is
     the size of the device configuration structure (VA-1: 72 bytes)."""
+
+    _STATUS_NAME = "device_status"
+    _DRIVER_FEATURES_NAME = "driver_feature"
+    _QUEUE_SEL_NAME = "queue_select"
+    _QUEUE_SIZE_NAME = "queue_size"
+    _QUEUE_REG_NAME = "common config"
+    _NOTIFY_NAME = "notify"
 
     def __init__(self, device: VirtioDevice, msi: MsiPort, tracer: Tracer | None = None,
                  intx: IrqLine | None = None, *,
@@ -120,7 +124,7 @@ class VirtioPciFunction:
         self.pcie_cap = add_pcie_endpoint_cap(self.config, self.function_level_reset)
         self.config.on_write(P.COMMAND, 2, self._command_written)
         self.config.seal_defaults()
-        self._reset_virtio_state()
+        self._reset_state()
 
     @property
     def num_queues(self) -> int:
@@ -240,37 +244,16 @@ class VirtioPciFunction:
 
     # --- state ------------------------------------------------------------------------
 
-    def _reset_virtio_state(self) -> None:
+    def _reset_state(self) -> None:
         """Device status 0: everything the virtio common configuration holds."""
-        for q in self.queues:
-            q.reset()
-        self.status = 0
-        self._needs_reset = False
+        self._reset_core_state()
         self.isr = 0
-        self.device_features_sel = 0
-        self.driver_features_sel = 0
-        self.driver_features: dict[int, int] = {}
-        self.queue_sel = 0
         self.msix_config = VP.MSI_NO_VECTOR
         self.queue_vectors = [VP.MSI_NO_VECTOR] * self.queue_capacity
         self._update_intx()
 
-    def _violation(self, rule: str, message: str) -> None:
-        self.violations.append(Violation(rule, message))
-        self.tracer.emit("violation", rule=rule, message=message)
-
     def _bus_master(self) -> bool:
         return bool(self.config.command & P.COMMAND_MASTER)
-
-    @property
-    def acked_features(self) -> int:
-        return sum((v & 0xFFFF_FFFF) << (32 * s) for s, v in self.driver_features.items()
-                   if s <= 1)
-
-    def _selected(self) -> Queue | None:
-        if self._queue_ok(self.queue_sel):
-            return self.queues[self.queue_sel]
-        return None
 
     # --- interrupts -------------------------------------------------------------------
 
@@ -316,14 +299,6 @@ class VirtioPciFunction:
             return
         self.tracer.emit("irq", config=1, isr=self.isr)
         self._update_intx()
-
-    def needs_reset(self, rule: str, message: str) -> None:
-        """VirtioInterrupt: a broken ring: DEVICE_NEEDS_RESET + config interrupt."""
-        if self._needs_reset:
-            return
-        self._needs_reset = True
-        self.violations.append(Violation(rule, message))
-        self.signal_config_change()
 
     # --- PciFunction: configuration space ---------------------------------------------
 
@@ -447,10 +422,7 @@ class VirtioPciFunction:
         if off == VP.COMMON_DFSELECT:
             return self.device_features_sel
         if off == VP.COMMON_DF:
-            if self.device_features_sel > 1:
-                return 0
-            return (self.device.avail_features() >> (32 * self.device_features_sel)
-                    ) & 0xFFFF_FFFF
+            return self._device_features_word()
         if off == VP.COMMON_GFSELECT:
             return self.driver_features_sel
         if off == VP.COMMON_GF:
@@ -464,7 +436,7 @@ class VirtioPciFunction:
         if self._admin_index is not None and off == VA.COMMON_ADM_Q_NUM:
             return 1
         if off == VP.COMMON_STATUS:
-            return self.status | (V.STATUS_DEVICE_NEEDS_RESET if self._needs_reset else 0)
+            return self._status_value()
         if off == VP.COMMON_CFGGENERATION:
             return self.device.config_generation & 0xFF
         if off == VP.COMMON_Q_SELECT:
@@ -498,11 +470,7 @@ class VirtioPciFunction:
         elif off == VP.COMMON_GFSELECT:
             self.driver_features_sel = value
         elif off == VP.COMMON_GF:
-            if self.status & V.STATUS_FEATURES_OK:
-                self._violation("features/after-features-ok",
-                                f"driver_feature[{self.driver_features_sel}] = {value:#x}")
-                return
-            self.driver_features[self.driver_features_sel] = value
+            self._write_driver_features(value)
         elif off == VP.COMMON_MSIX:
             self.msix_config = self._vector(value, "msix_config")
         elif off == VP.COMMON_STATUS:
@@ -532,45 +500,23 @@ class VirtioPciFunction:
         return VP.MSI_NO_VECTOR
 
     def _write_queue_reg(self, off: int, value: int, wide: bool = False) -> None:
-        q = self._selected()
+        q = self._queue_writable(off)
         if q is None:
-            self._violation("queue/bad-select", f"common config {off:#x} written with "
-                            f"queue_select={self.queue_sel}")
-            return
-        if self.status & V.STATUS_DRIVER_OK:
-            self._violation("queue/after-driver-ok",
-                            f"common config {off:#x} of queue {self.queue_sel} after "
-                            "DRIVER_OK")
             return
         if off == VP.COMMON_Q_SIZE:
-            if value == 0 or value > q.max_size or not is_power_of_two(value):
-                self._violation("queue/size", f"queue_size {value} for queue "
-                                f"{self.queue_sel} (max {q.max_size})")
-                return
-            q.size = value
+            self._set_queue_size(q, value)
         elif off == VP.COMMON_Q_ENABLE:
             if value != 1:
                 self._violation("queue/enable", f"queue_enable = {value} for queue "
                                 f"{self.queue_sel} (only 1 may be written)")
                 return
-            if not q.alignment_ok():
-                self._violation("queue/alignment",
-                                f"queue {self.queue_sel}: desc {q.desc_table:#x} driver "
-                                f"{q.avail_ring:#x} device {q.used_ring:#x}")
-                return
-            q.ready = True
+            self._enable_queue(q)
         else:
             attr = {VP.COMMON_Q_DESCLO: "desc_table", VP.COMMON_Q_DESCHI: "desc_table",
                     VP.COMMON_Q_AVAILLO: "avail_ring", VP.COMMON_Q_AVAILHI: "avail_ring",
                     VP.COMMON_Q_USEDLO: "used_ring", VP.COMMON_Q_USEDHI: "used_ring"}[off]
-            old = getattr(q, attr)
-            if wide:
-                new = value
-            elif off in _QUEUE_ADDR_LO:
-                new = (old & ~0xFFFF_FFFF) | value
-            else:
-                new = (old & 0xFFFF_FFFF) | value << 32
-            setattr(q, attr, new)
+            part = "wide" if wide else "lo" if off in _QUEUE_ADDR_LO else "hi"
+            self._set_queue_addr(q, attr, value, part)
 
     # --- notifications ----------------------------------------------------------------
 
@@ -585,63 +531,17 @@ class VirtioPciFunction:
             self._violation("notify/value", f"value {value:#x} written to the notify "
                             f"address of queue {index}")
             return
-        q = self.queues[index] if self._queue_ok(index) else None
-        if q is None or not q.ready:
-            self._violation("queue/not-ready", f"notify({index}): queue not ready")
-            return
-        if not self.status & V.STATUS_DRIVER_OK:
-            self._violation("queue/not-ready", f"notify({index}) before DRIVER_OK")
-            return
+        self._notify(index)
+
+    def _notify_allowed(self, index: int) -> bool:
         if not self._bus_master():
             self._violation("pci/bus-master", f"notify({index}) with Bus Master disabled")
-            return
-        if self._needs_reset or self.status & V.STATUS_FAILED:
-            return  # the function is stopped until reset
-        self.device.notify(index)
+            return False
+        return True
 
-    # --- device status (same state machine and rules as virtio-mmio) ------------------
-
-    def _write_status(self, value: int) -> None:
-        if value == 0:
-            self.reset()
-            return
-        new = value & _DRIVER_BITS
-        old = self.status
-        if old & ~new:
-            self._violation("status/clear-bit", f"device_status {old:#x} -> {value:#x}")
-            return
-        added = new & ~old
-        if added & V.STATUS_DRIVER and not new & V.STATUS_ACKNOWLEDGE:
-            self._violation("status/order", f"DRIVER without ACKNOWLEDGE ({value:#x})")
-            return
-        if added & V.STATUS_FEATURES_OK and not new & V.STATUS_DRIVER:
-            self._violation("status/order", f"FEATURES_OK before DRIVER ({value:#x})")
-            return
-        if added & V.STATUS_DRIVER_OK and not new & V.STATUS_FEATURES_OK:
-            self._violation("status/order", f"DRIVER_OK without FEATURES_OK ({value:#x})")
-            return
-        if added & V.STATUS_FEATURES_OK:
-            acked = self.acked_features
-            extra = acked & ~self.device.avail_features()
-            high = any(v for s, v in self.driver_features.items() if s > 1)
-            if extra or high or not acked >> V.F_VERSION_1 & 1:
-                self._violation("features/not-offered",
-                                f"accepted {acked:#x}, offered "
-                                f"{self.device.avail_features():#x}")
-                return
-            self.device.ack_features(acked)
-        self.status = new
-        if added & V.STATUS_DRIVER_OK:
-            for q in self.queues:
-                q.activate(self.acked_features)
-            self.device.activate(self.queues, self)
-
-    def reset(self) -> None:
-        """device_status 0 (spec §8): the device drops everything, then the common
-        configuration clears (vectors back to NO_VECTOR, ISR 0). PCI state is kept."""
-        self.device.reset()
-        self._reset_virtio_state()
-        self.tracer.emit("reset")
+    # device status, feature negotiation and reset (status 0: the device drops
+    # everything, then the common configuration clears, vectors back to NO_VECTOR and
+    # ISR 0; PCI state is kept): `TransportCore`, the same rules as virtio-mmio
 
     def function_level_reset(self) -> None:
         """PCIe FLR: the virtio reset of status 0, plus every PCI register back to its
@@ -653,7 +553,7 @@ class VirtioPciFunction:
         self.config.reset()
         self.config.put(devctl, 2, self.config.get(devctl, 2) | payload)
         self.msix.reset()
-        self._reset_virtio_state()
+        self._reset_state()
         if self.sriov is not None:
             self.sriov.reset()          # a PF FLR clears VF Enable: the VFs go away
         if self.card is not None and self.vf_of is not None:

@@ -114,18 +114,23 @@ class Resp:
     end_ns: int
 
 
+def fake_va1(config: Va1Config | None, ram: int
+             ) -> tuple[FakeDma, FakeClock, RecordingTracer, Va1Config, Va1Device]:
+    """A Va1Device (default config unless `config`) on fake ports with `ram` bytes of
+    DMA memory: (dma, clock, tracer, config, device)."""
+    dma, clock, tracer = FakeDma(size=ram), FakeClock(), RecordingTracer()
+    config = config or Va1Config()
+    dev = Va1Device(config, DevicePorts(dma=dma, clock=clock, tracer=tracer))
+    return dma, clock, tracer, config, dev
+
+
 class Rig:
     """Fake platform + device + transport + a minimal VA-1 driver."""
 
     def __init__(self, config: Va1Config | None = None, features: int | None = None,
                  qsize: int = 16, ram: int = 8 << 20) -> None:
-        self.dma = FakeDma(size=ram)
-        self.clock = FakeClock()
+        self.dma, self.clock, self.tracer, self.config, self.dev = fake_va1(config, ram)
         self.irq = FakeIrq()
-        self.tracer = RecordingTracer()
-        self.config = config or Va1Config()
-        self.dev = Va1Device(self.config, DevicePorts(dma=self.dma, clock=self.clock,
-                                                      tracer=self.tracer))
         self.mmio = MmioTransport(self.dev, irq=self.irq, tracer=self.tracer)
         self.alloc = Bump(self.dma)
         self.qsize = qsize

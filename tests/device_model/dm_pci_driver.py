@@ -9,10 +9,10 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from dm_driver import ACK, DRV, DRV_OK, FEAT_OK, Bump, MockSplitQueue, Resp
-from dm_fakes import FakeClock, FakeDma, FakeIrq, RecordingTracer
+from dm_driver import ACK, DRV, DRV_OK, FEAT_OK, Bump, MockSplitQueue, Resp, fake_va1
+from dm_fakes import FakeIrq
 
-from device_model import DevicePorts, Va1Config, Va1Device, VirtioPciFunction
+from device_model import Va1Config, VirtioPciFunction
 
 # PCI config header / capabilities (PCI Local Bus 3.0, PCIe base spec)
 CMD, STATUS, CAP_PTR, BAR0 = 0x04, 0x06, 0x34, 0x10
@@ -122,14 +122,9 @@ class PciRig(PciDriver):
                  intx: bool = False, event_idx: bool = True) -> None:
         """`event_idx=False` declines RING_EVENT_IDX, so every used buffer interrupts
         (this mock driver never moves used_event)."""
-        self.dma = FakeDma(size=ram)
-        self.clock = FakeClock()
-        self.tracer = RecordingTracer()
+        self.dma, self.clock, self.tracer, self.config, self.dev = fake_va1(config, ram)
         self.msi = RecordingMsi()
         self.irq = FakeIrq()
-        self.config = config or Va1Config()
-        self.dev = Va1Device(self.config, DevicePorts(dma=self.dma, clock=self.clock,
-                                                      tracer=self.tracer))
         super().__init__(VirtioPciFunction(self.dev, self.msi, tracer=self.tracer,
                                            intx=self.irq if intx else None))
         self.alloc = Bump(self.dma)
@@ -198,37 +193,53 @@ class PciRig(PciDriver):
         self.w32(DFSEL, 1)
         return lo | self.c32(DF) << 32
 
-    def init(self) -> None:
+    def reset_and_ack(self) -> None:
+        """Status 0, then ACKNOWLEDGE and DRIVER."""
         self.w8(DSTATUS, 0)
         self.w8(DSTATUS, ACK)
         self.w8(DSTATUS, ACK | DRV)
-        feats = self.offered() if self.features is None else self.features
-        if not self.event_idx:
-            feats &= ~(1 << 29)
+
+    def accept_features(self, feats: int) -> None:
+        """Write both driver feature words and set FEATURES_OK (which must stick)."""
         self.w32(GFSEL, 0)
         self.w32(GF, feats & 0xFFFFFFFF)
         self.w32(GFSEL, 1)
         self.w32(GF, feats >> 32)
         self.w8(DSTATUS, ACK | DRV | FEAT_OK)
         assert self.c8(DSTATUS) & FEAT_OK
+
+    def setup_queue(self, index: int, vector: int | None,
+                    check_vector: bool = False) -> MockSplitQueue:
+        """A new ring for queue `index`: size, MSI-X `vector` (read back if
+        `check_vector`), the three addresses, enable."""
+        q = MockSplitQueue(self.dma, self.alloc, self.qsize)
+        self.w16(QSEL, index)
+        assert self.c16(QSIZE) > 0
+        self.w16(QSIZE, self.qsize)
+        if vector is not None:
+            self.w16(QMSIX, vector)
+            if check_vector:
+                assert self.c16(QMSIX) == vector
+        for off, addr in ((QDESC, q.desc), (QAVAIL, q.avail), (QUSED, q.used)):
+            self.w32(off, addr & 0xFFFFFFFF)
+            self.w32(off + 4, addr >> 32)
+        self.w16(QENABLE, 1)
+        return q
+
+    def init(self) -> None:
+        self.reset_and_ack()
+        feats = self.offered() if self.features is None else self.features
+        if not self.event_idx:
+            feats &= ~(1 << 29)
+        self.accept_features(feats)
         if self.use_msix:
             self.w16(MSIX_CFG, 0)
             assert self.c16(MSIX_CFG) == 0
         nq = self.c16(NUMQ)
         self.queues = []
         for i in range(nq):
-            q = MockSplitQueue(self.dma, self.alloc, self.qsize)
-            self.w16(QSEL, i)
-            assert self.c16(QSIZE) > 0
-            self.w16(QSIZE, self.qsize)
-            if self.use_msix:
-                self.w16(QMSIX, i + 1)
-                assert self.c16(QMSIX) == i + 1
-            for off, addr in ((QDESC, q.desc), (QAVAIL, q.avail), (QUSED, q.used)):
-                self.w32(off, addr & 0xFFFFFFFF)
-                self.w32(off + 4, addr >> 32)
-            self.w16(QENABLE, 1)
-            self.queues.append(q)
+            self.queues.append(self.setup_queue(i, i + 1 if self.use_msix else None,
+                                                check_vector=True))
         self.w8(DSTATUS, ACK | DRV | FEAT_OK | DRV_OK)
         assert self.c8(DSTATUS) == ACK | DRV | FEAT_OK | DRV_OK
         self.vio_before = len(self.fn.violations)

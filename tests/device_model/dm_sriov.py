@@ -9,8 +9,7 @@ from typing import Sequence
 
 from dm_driver import ACK, DRV, DRV_OK, FEAT_OK, Bump, MockSplitQueue, Resp
 from dm_fakes import FakeClock, FakeDma, FakeIrq, RecordingTracer  # noqa: F401
-from dm_pci_driver import (COMMON, CAP_VNDR, DSTATUS, GF, GFSEL, MSIX_CFG, NUMQ, QAVAIL,
-                           QDESC, QENABLE, QMSIX, QSEL, QSIZE, QUSED, PciDriver, PciRig,
+from dm_pci_driver import (COMMON, CAP_VNDR, DSTATUS, MSIX_CFG, NUMQ, PciDriver, PciRig,
                            RecordingMsi)
 
 from device_model import DevicePorts, Va1Config, VirtioPciFunction
@@ -102,31 +101,15 @@ class PfRig(PciRig):
     admin: MockSplitQueue
 
     def init(self) -> None:   # as PciRig.init, plus the admin queue before DRIVER_OK
-        self.w8(DSTATUS, 0)
-        self.w8(DSTATUS, ACK)
-        self.w8(DSTATUS, ACK | DRV)
-        feats = self.offered()
-        self.w32(GFSEL, 0)
-        self.w32(GF, feats & 0xFFFFFFFF)
-        self.w32(GFSEL, 1)
-        self.w32(GF, feats >> 32)
-        self.w8(DSTATUS, ACK | DRV | FEAT_OK)
-        assert self.c8(DSTATUS) & FEAT_OK
+        self.reset_and_ack()
+        self.accept_features(self.offered())
         self.w16(MSIX_CFG, 0)
         nq = self.c16(NUMQ)
         self.adm_index = self.c16(ADM_Q_IDX)
         assert self.c16(ADM_Q_NUM) == 1
         self.queues = []
         for i in list(range(nq)) + [self.adm_index]:
-            q = MockSplitQueue(self.dma, self.alloc, self.qsize)
-            self.w16(QSEL, i)
-            assert self.c16(QSIZE) > 0
-            self.w16(QSIZE, self.qsize)
-            self.w16(QMSIX, i + 1)
-            for off, addr in ((QDESC, q.desc), (QAVAIL, q.avail), (QUSED, q.used)):
-                self.w32(off, addr & 0xFFFFFFFF)
-                self.w32(off + 4, addr >> 32)
-            self.w16(QENABLE, 1)
+            q = self.setup_queue(i, i + 1)
             if i == self.adm_index:
                 self.admin = q
             else:

@@ -11,7 +11,7 @@ import errno
 import heapq
 import struct
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -376,10 +376,7 @@ class FakeVA1:
         elif off == R.DRIVER_FEATURES_SEL:
             self.drvfsel = value
         elif off == R.DRIVER_FEATURES:
-            if self.status & V.STATUS_FEATURES_OK:
-                self._violate("features/after-features-ok")
-            elif self.drvfsel <= 1:
-                self.drvfeat[self.drvfsel] = value
+            self._write_driver_features(value)
         elif off == R.QUEUE_SEL:
             self.qsel = value
         elif off in (R.QUEUE_NUM, R.QUEUE_READY, R.QUEUE_DESC_LOW, R.QUEUE_DESC_HIGH,
@@ -418,6 +415,12 @@ class FakeVA1:
             self.isr &= ~value
         else:
             self._violate(f"unlisted-write/{off:#x}")
+
+    def _write_driver_features(self, value: int) -> None:
+        if self.status & V.STATUS_FEATURES_OK:
+            self._violate("features/after-features-ok")
+        elif self.drvfsel <= 1:
+            self.drvfeat[self.drvfsel] = value
 
     def _write_status(self, value: int) -> None:
         if value == 0:
@@ -481,8 +484,13 @@ class FakeVA1:
         self.isr |= R.INT_CONFIG
         self.raise_irq()
 
-    def _process(self, qi: int) -> None:
+    def _avail_chains(self, qi: int) -> Iterator[tuple[int, list, list] | None]:
+        """The chains the driver made available on queue `qi` (as of now), popped one
+        by one as (head, readable, writable). A final None means the caller must stop
+        at once: the device is broken or not live, or a chain was malformed (then it is
+        a violation and the device sets DEVICE_NEEDS_RESET)."""
         if self.broken or not self.status & V.STATUS_DRIVER_OK:
+            yield None
             return
         q = self.queues[qi]
         idx = self.mem.u16(q.drv + 2)
@@ -497,14 +505,22 @@ class FakeVA1:
             except DeviceBroken as e:
                 self._violate(str(e))
                 self.set_needs_reset(str(e))
+                yield None
                 return
+            yield head, rd, wr
+
+    def _process(self, qi: int) -> None:
+        for chain in self._avail_chains(qi):
+            if chain is None:
+                return
+            head, rd, wr = chain
             if qi == A.CONTROLQ:
                 if not self.ignore_ctrl:
                     self._control(head, rd, wr)
             elif qi == A.EVENTQ:
-                q.pending.append((head, wr))
+                self.queues[qi].pending.append((head, wr))
             else:
-                q.pending.append((head, rd, wr))
+                self.queues[qi].pending.append((head, rd, wr))
         if qi >= A.FIRST_SUBMITQ:
             self._run_submitq(qi)
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import errno
+from collections import Counter
 
 import pytest
 
@@ -59,6 +60,22 @@ def booted(**kw):
     return k, devs[0], gos, Client(gos.open("/dev/accel/accel0"))
 
 
+def signals(k):
+    """How many times each (context, fence) was signalled."""
+    return Counter((f["context"], f["fence"]) for f in k.trace.of("fence_signal"))
+
+
+def in_flight(c, dev):
+    """Hold the device's submits and queue four fences on two contexts and two queues:
+    returns (context a, context b, the cmdbuf handle, [(context, fence_seq)])."""
+    dev.hold_submits = True
+    a, b = c.ctx(), c.ctx()
+    h = c.cmdbuf(nop_cmdbuf(2))
+    fences = [(a, c.submit(a, h, 16, queue=0)), (a, c.submit(a, h, 16, queue=1)),
+              (b, c.submit(b, h, 16, queue=0)), (a, c.submit(a, h, 16, queue=0))]
+    return a, b, h, fences
+
+
 def expect_errno(err, fn, *a, match=None):
     with pytest.raises(OSError) as ei:
         fn(*a)
@@ -68,4 +85,4 @@ def expect_errno(err, fn, *a, match=None):
     return ei.value
 
 
-__all__ = ["new", "Client", "booted", "expect_errno", "nop_cmdbuf"]
+__all__ = ["new", "Client", "booted", "expect_errno", "in_flight", "nop_cmdbuf", "signals"]

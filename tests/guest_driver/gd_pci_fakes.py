@@ -429,10 +429,7 @@ class FakeVA1Pci(FakeVA1):
         elif off == VP.COMMON_GFSELECT:
             self.drvfsel = value
         elif off == VP.COMMON_GF:
-            if self.status & V.STATUS_FEATURES_OK:
-                self._violate("features/after-features-ok")
-            elif self.drvfsel <= 1:
-                self.drvfeat[self.drvfsel] = value
+            self._write_driver_features(value)
         elif off == VP.COMMON_MSIX:
             ok = (value == VP.MSI_NO_VECTOR or (value < self.pci.msix_n
                                                 and not self.refuse_config_vector

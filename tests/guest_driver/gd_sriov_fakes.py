@@ -10,7 +10,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, field
 
-from gd_fakes import OFFERED, FakeKernel, FakeVA1, walk_chain, DeviceBroken
+from gd_fakes import OFFERED, FakeKernel, FakeVA1
 from gd_pci_fakes import COMMON_OFF, FakeVA1Pci, PciMachine, virtio_cap, VIRTIO_BAR
 from hwspec import pci as P
 from hwspec import va1 as A
@@ -314,22 +314,10 @@ class FakeVA1Pf(CtxAsMixin, FakeVA1Pci):
         if qi != self.admin_index:
             super()._process(qi)
             return
-        if self.broken or not self.status & V.STATUS_DRIVER_OK:
-            return
-        q = self.queues[qi]
-        idx = self.mem.u16(q.drv + 2)
-        while q.last_avail != idx:
-            head = self.mem.u16(q.drv + 4 + 2 * (q.last_avail % q.num))
-            q.last_avail = (q.last_avail + 1) & 0xFFFF
-            if self.features >> V.F_RING_EVENT_IDX & 1:
-                self.mem.put16(q.dev + 4 + 8 * q.num, q.last_avail)
-            try:
-                rd, wr = walk_chain(self.mem, q.desc, q.num, head,
-                                    bool(self.features >> V.F_RING_INDIRECT_DESC & 1))
-            except DeviceBroken as e:
-                self._violate(str(e))
-                self.set_needs_reset(str(e))
+        for chain in self._avail_chains(qi):
+            if chain is None:
                 return
+            head, rd, wr = chain
             if self.admin_hold:
                 continue
             status, qual, result = self._admin(self._gather(rd))

@@ -5,7 +5,7 @@ from collections import Counter
 
 import pytest
 
-from gd_helpers import Client, expect_errno, nop_cmdbuf
+from gd_helpers import Client, expect_errno, in_flight, nop_cmdbuf, signals
 from gd_pci_fakes import make_pci_machine
 from guest_driver.boot import boot
 from guest_driver.virtio.pci import MODE_PER_QUEUE, MODE_SHARED
@@ -14,24 +14,11 @@ from hwspec import virtio as V
 from hwspec import virtio_pci as VP
 
 
-def signals(k):
-    return Counter((f["context"], f["fence"]) for f in k.trace.of("fence_signal"))
-
-
 def booted(**kw):
     k, (dev,), m = make_pci_machine(**kw)
     gos = boot(k)
     assert gos.probe_errors == []
     return k, dev, gos, Client(gos.open("/dev/accel/accel0"))
-
-
-def in_flight(c, dev):
-    dev.hold_submits = True
-    a, b = c.ctx(), c.ctx()
-    h = c.cmdbuf(nop_cmdbuf(2))
-    fences = [(a, c.submit(a, h, 16, queue=0)), (a, c.submit(a, h, 16, queue=1)),
-              (b, c.submit(b, h, 16, queue=0)), (a, c.submit(a, h, 16, queue=0))]
-    return a, b, h, fences
 
 
 @pytest.mark.parametrize("msix_n, mode", [(8, MODE_PER_QUEUE), (1, MODE_SHARED)])

@@ -5,22 +5,14 @@ from collections import Counter
 import pytest
 
 from gd_fakes import OFFERED, bad_cmdbuf
-from gd_helpers import Client, booted, expect_errno, nop_cmdbuf
+from gd_helpers import Client, booted, expect_errno, in_flight, nop_cmdbuf, signals
 from guest_driver import uapi as U
 from hwspec import va1 as A
 from hwspec import virtio as V
 
 
-def signals(k):
-    return Counter((f["context"], f["fence"]) for f in k.trace.of("fence_signal"))
-
-
 def in_flight_setup(c, dev):
-    dev.hold_submits = True
-    a, b = c.ctx(), c.ctx()
-    h = c.cmdbuf(nop_cmdbuf(2))
-    fences = [(a, c.submit(a, h, 16, queue=0)), (a, c.submit(a, h, 16, queue=1)),
-              (b, c.submit(b, h, 16, queue=0)), (a, c.submit(a, h, 16, queue=0))]
+    a, b, h, fences = in_flight(c, dev)
     assert [s for _, s in fences] == [1, 2, 1, 3]
     return a, b, h, fences
 

@@ -10,7 +10,9 @@ runtime's own encoder/decoder.
 from __future__ import annotations
 
 import errno
+import os
 import struct
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -20,6 +22,8 @@ import pytest
 from guest_driver import uapi
 from hwspec import isa, va1
 from hwspec.isa import Opcode
+
+sys.path.insert(0, os.path.dirname(__file__))  # this directory's helper modules (rt_*.py)
 
 REQUEST_NAMES = {v: k[len("DRM_IOCTL_VA1_"):] for k, v in vars(uapi).items()
                  if k.startswith("DRM_IOCTL_VA1_")}

@@ -15,8 +15,8 @@ from hwspec.isa import Activation, DType, EltOp, Opcode, ReduceOp
 from userspace_runtime import Device
 from userspace_runtime.commands import (CommandBufferBuilder, contiguous_strides,
                                         conv2d_output_hw, decode, disassemble)
-from vmm.machine import Machine
-from vmm.vm import Vm
+
+import rt_stack
 
 RawDecode = Callable[[bytes], list[dict[str, Any]]]
 SEED = 20261122
@@ -175,15 +175,7 @@ def test_decode_and_disassemble_new_opcodes() -> None:
 
 
 def run_guest(program: Callable[[uapi.GuestOS], Any], seed: int = SEED) -> Any:
-    machine = Machine(seed)
-    vm = Vm(machine, "vm0")
-    vm.attach_va1_mmio()
-    task = vm.spawn_program(program, name="isa-e2e")
-    machine.run_tasks()
-    vm.close()
-    if task.error is not None:
-        raise task.error
-    return task.result
+    return rt_stack.run_guest(program, seed, "isa-e2e")
 
 
 def test_new_opcodes_end_to_end() -> None:

@@ -16,23 +16,15 @@ from hwspec import isa, va1
 from hwspec.isa import Opcode
 from userspace_runtime import CommandBufferBuilder, Device, DeviceError, DriverError
 from userspace_runtime.workloads import mlp
-from vmm.machine import Machine
-from vmm.vm import Vm
+
+import rt_stack
 
 SEED = 20261121
 
 
 def run_guest(program: Callable[[uapi.GuestOS], Any], seed: int = SEED) -> Any:
     """Boot a VM with one VA-1, run `program(os)` as its guest task, return its result."""
-    machine = Machine(seed)
-    vm = Vm(machine, "vm0")
-    vm.attach_va1_mmio()
-    task = vm.spawn_program(program, name="runtime-test")
-    machine.run_tasks()
-    vm.close()
-    if task.error is not None:
-        raise task.error
-    return task.result
+    return rt_stack.run_guest(program, seed, "runtime-test")
 
 
 def test_mlp_demo_is_correct_on_device() -> None:

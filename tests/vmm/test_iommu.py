@@ -1,10 +1,16 @@
 """The host IOMMU and IommuDma: translation, permissions, faults that touch nothing."""
+import os
+import sys
+
 import numpy as np
 import pytest
 
-from device_model.ports import DmaFault, DmaPort
-from vmm.iommu import PAGE_SIZE, Iommu, IommuDma, IommuError, IommuFault, bdf, format_bdf
-from vmm.memory import GuestMemory, HostMemory
+sys.path.insert(0, os.path.dirname(__file__))
+from vmm_ram import random_ram  # noqa: E402
+
+from device_model.ports import DmaFault, DmaPort  # noqa: E402
+from vmm.iommu import PAGE_SIZE, Iommu, IommuDma, IommuError, IommuFault, bdf, format_bdf  # noqa: E402
+from vmm.memory import HostMemory  # noqa: E402
 
 RAM_BASE = 0x4000_0000
 RAM_SIZE = 1 << 20
@@ -13,11 +19,7 @@ RID = bdf(1, 0, 1)
 
 @pytest.fixture
 def ram():
-    host = HostMemory(RAM_SIZE + (1 << 16))
-    mem = GuestMemory(host, RAM_BASE, RAM_SIZE)
-    mem.write(RAM_BASE, np.random.default_rng(7).integers(0, 256, RAM_SIZE, dtype=np.uint8))
-    yield mem
-    host.close()
+    yield from random_ram(RAM_BASE, RAM_SIZE, seed=7)
 
 
 @pytest.fixture

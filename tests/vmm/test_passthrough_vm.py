@@ -9,7 +9,8 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from test_pci_fakes import BAR0_SIZE, DOORBELL, MSIX_CAP, PBA, TABLE, FakePciFunction  # noqa: E402
+from test_pci_fakes import (BAR0_SIZE, DOORBELL, MSIX_CAP, PBA, TABLE,  # noqa: E402
+                            FakeHostRig, fake_factory)
 
 from hwspec import pci as P  # noqa: E402
 from vmm.host import Host  # noqa: E402
@@ -19,17 +20,9 @@ from vmm.vm import PassthroughVa1, Vm  # noqa: E402
 SEED = 9
 
 
-def fake_factory(dma, msi, source):  # type: ignore[no-untyped-def]
-    f = FakePciFunction(dma, msi)
-    return f, f
-
-
-class Rig:
+class Rig(FakeHostRig):
     def __init__(self) -> None:
-        self.machine = Machine(SEED, keep_trace=True)
-        self.host = Host(self.machine)
-        self.hf = self.host.add_function(fake_factory, bus=3, dev=0)
-        self.fake: FakePciFunction = self.hf.function  # type: ignore[assignment]
+        super().__init__(SEED, bus=3)
         self.vm = Vm(self.machine, "vm0", ram_size=16 << 20)
         self.pt: PassthroughVa1 = self.vm.attach_va1_passthrough(self.host, self.hf)
         self.ecam = self.vm.kernel.pci_hosts[0].ecam_base

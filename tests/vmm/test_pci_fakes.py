@@ -15,6 +15,8 @@ from typing import Callable
 from device_model.pci.api import BarInfo, MsixInfo
 from device_model.ports import DmaFault, DmaPort, MsiPort
 from hwspec import pci as P
+from vmm.host import Host, HostPciFunction
+from vmm.machine import Machine
 
 sys.path.insert(0, os.path.dirname(__file__))
 
@@ -181,6 +183,22 @@ class FakePciFunction:
     def function_level_reset(self) -> None:
         self.resets += 1
         self._init()
+
+
+def fake_factory(dma, msi, source):  # type: ignore[no-untyped-def]
+    """A `Host.add_function` factory: the fake is both the function and its ports."""
+    f = FakePciFunction(dma, msi)
+    return f, f
+
+
+class FakeHostRig:
+    """A traced machine and host with one FakePciFunction at bus:00.0 (`hf`, `fake`)."""
+
+    def __init__(self, seed: int, bus: int) -> None:
+        self.machine = Machine(seed, keep_trace=True)
+        self.host = Host(self.machine)
+        self.hf: HostPciFunction = self.host.add_function(fake_factory, bus=bus, dev=0)
+        self.fake: FakePciFunction = self.hf.function  # type: ignore[assignment]
 
 
 def test_fake_sizes_its_bars_through_config() -> None:

@@ -1,14 +1,19 @@
 """VFIO container with the TYPE1v2 IOMMU: the kernel's rules and errnos, bad input first."""
 import errno
+import os
+import sys
 
 import numpy as np
 import pytest
 
-from device_model.ports import DmaFault
-from vmm.iommu import PAGE_SIZE, Iommu, IommuDma, bdf
-from vmm.memory import GuestMemory, HostMemory
-from vmm.vfio import VfioContainer, VfioGroup, vaddr_of
-from vmm.vfio import uapi
+sys.path.insert(0, os.path.dirname(__file__))
+from vmm_ram import random_ram  # noqa: E402
+
+from device_model.ports import DmaFault  # noqa: E402
+from vmm.iommu import PAGE_SIZE, Iommu, IommuDma, bdf  # noqa: E402
+from vmm.memory import GuestMemory, HostMemory  # noqa: E402
+from vmm.vfio import VfioContainer, VfioGroup, vaddr_of  # noqa: E402
+from vmm.vfio import uapi  # noqa: E402
 
 RAM_BASE = 0x0
 RAM_SIZE = 1 << 21
@@ -21,12 +26,8 @@ class NullDevice:
 
 @pytest.fixture
 def ram():
-    host = HostMemory(RAM_SIZE + 0x10000)
-    host.carve(0x10000)  # guest RAM does not start at host offset 0: vaddr != gpa
-    mem = GuestMemory(host, RAM_BASE, RAM_SIZE)
-    mem.write(RAM_BASE, np.random.default_rng(11).integers(0, 256, RAM_SIZE, dtype=np.uint8))
-    yield mem
-    host.close()
+    # guest RAM does not start at host offset 0: vaddr != gpa
+    yield from random_ram(RAM_BASE, RAM_SIZE, seed=11, host_offset=0x10000)
 
 
 @pytest.fixture

@@ -10,12 +10,10 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 from test_pci_fakes import (BAR0_SIZE, BAR2_SIZE, DOORBELL, EXP_CAP, MSIX_CAP, NVEC,  # noqa: E402
-                            PBA, TABLE, FakePciFunction)
+                            PBA, TABLE, FakeHostRig)
 
 from hwspec import pci as P  # noqa: E402
 from vmm.eventfd import drain, new_eventfd  # noqa: E402
-from vmm.host import Host, HostPciFunction  # noqa: E402
-from vmm.machine import Machine  # noqa: E402
 from vmm.memory import GuestMemory, HostMemory  # noqa: E402
 from vmm.vfio import VfioContainer, VfioDeviceFile, uapi, vaddr_of  # noqa: E402
 from vmm.vfio.passthrough import query_region, set_irqs  # noqa: E402
@@ -27,17 +25,9 @@ TRIGGER_FD = uapi.VFIO_IRQ_SET_DATA_EVENTFD | uapi.VFIO_IRQ_SET_ACTION_TRIGGER
 CONFIG = uapi.VFIO_PCI_CONFIG_REGION_INDEX
 
 
-def fake_factory(dma, msi, source):  # type: ignore[no-untyped-def]
-    f = FakePciFunction(dma, msi)
-    return f, f
-
-
-class Rig:
+class Rig(FakeHostRig):
     def __init__(self) -> None:
-        self.machine = Machine(SEED, keep_trace=True)
-        self.host = Host(self.machine)
-        self.hf: HostPciFunction = self.host.add_function(fake_factory, bus=1, dev=0)
-        self.fake: FakePciFunction = self.hf.function  # type: ignore[assignment]
+        super().__init__(SEED, bus=1)
         self.group = self.host.bind_vfio(self.hf)
         self.mem_host = HostMemory(1 << 20)
         self.ram = GuestMemory(self.mem_host, 0, 1 << 20)

@@ -9,16 +9,7 @@ from . import bench, demo, stats, vm
 from . import compile as compile_cmd
 from . import objdump, run
 from . import tenants as tenants_cmd
-
-
-def _seed(text: str) -> int:
-    try:
-        value = int(text, 0)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"seed {text!r} is not an integer") from None
-    if not 0 <= value < 1 << 64:
-        raise argparse.ArgumentTypeError(f"seed {value} is outside 0 .. 2**64-1")
-    return value
+from ._args import seed as _seed
 
 
 def build_parser() -> argparse.ArgumentParser:

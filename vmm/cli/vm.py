@@ -6,16 +6,7 @@ import sys
 from typing import Any
 
 from ..images import ImageError, load_image, run_image
-
-
-def _seed(text: str) -> int:
-    try:
-        value = int(text, 0)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"seed {text!r} is not an integer") from None
-    if not 0 <= value < 1 << 64:
-        raise argparse.ArgumentTypeError(f"seed {value} is outside 0 .. 2**64-1")
-    return value
+from ._args import seed as _seed
 
 
 def add_parser(sub: Any) -> None:

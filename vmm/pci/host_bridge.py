@@ -104,21 +104,20 @@ class BarConflict:
     reason: str
 
 
-def size_bars(function: PciFunction) -> list[SizedBar]:
-    """Size each memory BAR as firmware does: write all-ones, read the mask back,
-    restore. IO BARs are skipped (VA-1 has none)."""
-    out: list[SizedBar] = []
+def size_bar_registers(function: PciFunction, base: int) -> list[tuple[int, int, bool, bool]]:
+    """Size the six BAR registers from config offset `base` (the type-0 header's, or the
+    VF BARs of an SR-IOV capability) as firmware does: write all-ones, read the mask
+    back, restore. Each memory BAR that decodes gives (index, size, is_64bit,
+    prefetchable); unimplemented and IO BARs are skipped (VA-1 has no IO BARs)."""
+    out: list[tuple[int, int, bool, bool]] = []
     i = 0
     while i < P.NUM_BARS:
-        reg = P.BASE_ADDRESS_0 + 4 * i
+        reg = base + 4 * i
         orig = function.config_read(reg, 4)
         function.config_write(reg, 4, ALL_ONES32)
         lo = function.config_read(reg, 4)
         function.config_write(reg, 4, orig)
-        if lo == 0:
-            i += 1
-            continue
-        if lo & P.BASE_ADDRESS_SPACE_IO:
+        if lo == 0 or lo & P.BASE_ADDRESS_SPACE_IO:
             i += 1
             continue
         is64 = lo & P.BASE_ADDRESS_MEM_TYPE_MASK == P.BASE_ADDRESS_MEM_TYPE_64
@@ -132,10 +131,16 @@ def size_bars(function: PciFunction) -> list[SizedBar]:
             size = (~mask + 1) & (U64 - 1)
         else:
             size = (~mask + 1) & ALL_ONES32
-        if mask and size:
-            out.append(SizedBar(i, size, bool(is64), bool(lo & P.BASE_ADDRESS_MEM_PREFETCH)))
+        if size:  # 0 exactly when the mask is 0
+            out.append((i, size, bool(is64), bool(lo & P.BASE_ADDRESS_MEM_PREFETCH)))
         i += 2 if is64 else 1
     return out
+
+
+def size_bars(function: PciFunction) -> list[SizedBar]:
+    """Size each memory BAR as firmware does: write all-ones, read the mask back,
+    restore. IO BARs are skipped (VA-1 has none)."""
+    return [SizedBar(*bar) for bar in size_bar_registers(function, P.BASE_ADDRESS_0)]
 
 
 def read_bar_address(function: PciFunction, bar: BarInfo | SizedBar) -> int:

@@ -37,7 +37,7 @@ kernel's pin_user_pages.
 from __future__ import annotations
 
 import errno
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 from ..iommu import PAGE_MASK, PAGE_SIZE, Iommu, IommuDomain, IommuError, format_bdf
 from ..memory import GuestMemory
@@ -68,6 +68,33 @@ def _expect(arg: CData, struct: str) -> CData:
     if t.kind == "pointer" and t.item is want:
         return arg[0]
     raise TypeError(f"expected a cffi 'struct {struct} *', got {t.cname!r}")
+
+
+def _check_argsz(s: CData, struct: str, field: str, name: str) -> int:
+    """EINVAL unless `s.argsz` covers `struct` up to the end of `field`; returns that
+    minimum (minsz)."""
+    minsz = uapi.offsetofend(struct, field)
+    if s.argsz < minsz:
+        raise vfio_error(errno.EINVAL, f"{name}: argsz {s.argsz} < {minsz}")
+    return minsz
+
+
+def _check_index(name: str, index: int, count: int) -> None:
+    """EINVAL unless 0 <= `index` < `count` (a region or IRQ index)."""
+    if index >= count:
+        raise vfio_error(errno.EINVAL, f"{name}: index {index} out of range "
+                                       f"(0..{count - 1})")
+
+
+def _dispatch(request: int, arg: Any, handlers: Mapping[int, Callable[[Any], Any]],
+              unknown: str) -> Any:
+    """Call the handler of ioctl number `request` with `arg`: what it returns, or 0 if
+    it returns nothing; a number not in `handlers`: ENOTTY with `unknown`."""
+    handler = handlers.get(request)
+    if handler is None:
+        raise vfio_error(errno.ENOTTY, unknown)
+    result = handler(arg)
+    return 0 if result is None else result
 
 
 def vaddr_of(memory: GuestMemory, gpa: int) -> int:
@@ -154,9 +181,7 @@ class VfioContainer:
     def iommu_get_info(self, info: CData) -> None:
         s = _expect(info, "vfio_iommu_type1_info")
         self._need_iommu("VFIO_IOMMU_GET_INFO")
-        minsz = uapi.offsetofend("vfio_iommu_type1_info", "iova_pgsizes")
-        if s.argsz < minsz:
-            raise vfio_error(errno.EINVAL, f"VFIO_IOMMU_GET_INFO: argsz {s.argsz} < {minsz}")
+        _check_argsz(s, "vfio_iommu_type1_info", "iova_pgsizes", "VFIO_IOMMU_GET_INFO")
         s.flags = uapi.VFIO_IOMMU_INFO_PGSIZES
         s.iova_pgsizes = PAGE_SIZE
         if s.argsz >= uapi.offsetofend("vfio_iommu_type1_info", "cap_offset"):
@@ -257,15 +282,10 @@ class VfioContainer:
             return 0
         if self.domain is None:
             raise vfio_error(errno.EINVAL, f"container ioctl {request:#x}: no IOMMU set on the container")
-        if request == uapi.VFIO_IOMMU_GET_INFO:
-            self.iommu_get_info(arg)
-        elif request == uapi.VFIO_IOMMU_MAP_DMA:
-            self.iommu_map_dma(arg)
-        elif request == uapi.VFIO_IOMMU_UNMAP_DMA:
-            self.iommu_unmap_dma(arg)
-        else:
-            raise vfio_error(errno.ENOTTY, f"container ioctl {request:#x} is not a TYPE1 IOMMU ioctl")
-        return 0
+        return _dispatch(request, arg, {uapi.VFIO_IOMMU_GET_INFO: self.iommu_get_info,
+                                        uapi.VFIO_IOMMU_MAP_DMA: self.iommu_map_dma,
+                                        uapi.VFIO_IOMMU_UNMAP_DMA: self.iommu_unmap_dma},
+                         f"container ioctl {request:#x} is not a TYPE1 IOMMU ioctl")
 
     # -- for groups -------------------------------------------------------------------
 

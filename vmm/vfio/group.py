@@ -27,7 +27,7 @@ import numpy as np
 from ..bus import MmioHandler
 from ..iommu import check_requester_id, format_bdf
 from . import uapi
-from .container import VfioContainer, _expect, vfio_error
+from .container import VfioContainer, _check_argsz, _dispatch, _expect, vfio_error
 from .device_api import VfioDevice
 from .uapi import CData
 
@@ -80,9 +80,7 @@ class VfioGroup:
 
     def get_status(self, status: CData) -> None:
         s = _expect(status, "vfio_group_status")
-        minsz = uapi.offsetofend("vfio_group_status", "flags")
-        if s.argsz < minsz:
-            raise vfio_error(errno.EINVAL, f"VFIO_GROUP_GET_STATUS: argsz {s.argsz} < {minsz}")
+        _check_argsz(s, "vfio_group_status", "flags", "VFIO_GROUP_GET_STATUS")
         flags = 0
         if self.container is not None:
             flags |= uapi.VFIO_GROUP_FLAGS_CONTAINER_SET | uapi.VFIO_GROUP_FLAGS_VIABLE
@@ -131,17 +129,12 @@ class VfioGroup:
     def ioctl(self, request: int, arg: int | str | bytes | CData | VfioContainer = 0
               ) -> "int | VfioDeviceFile":
         """Dispatch by linux/vfio.h ioctl number (GET_DEVICE_FD returns the file)."""
-        if request == uapi.VFIO_GROUP_GET_STATUS:
-            self.get_status(arg)
-        elif request == uapi.VFIO_GROUP_SET_CONTAINER:
-            self.set_container(arg)  # type: ignore[arg-type]
-        elif request == uapi.VFIO_GROUP_UNSET_CONTAINER:
-            self.unset_container()
-        elif request == uapi.VFIO_GROUP_GET_DEVICE_FD:
-            return self.get_device_fd(arg)
-        else:
-            raise vfio_error(errno.ENOTTY, f"group ioctl {request:#x} is not a VFIO group ioctl")
-        return 0
+        return _dispatch(request, arg, {
+            uapi.VFIO_GROUP_GET_STATUS: self.get_status,
+            uapi.VFIO_GROUP_SET_CONTAINER: self.set_container,
+            uapi.VFIO_GROUP_UNSET_CONTAINER: lambda _: self.unset_container(),
+            uapi.VFIO_GROUP_GET_DEVICE_FD: self.get_device_fd,
+        }, f"group ioctl {request:#x} is not a VFIO group ioctl")
 
 
 class VfioDeviceFile:
@@ -212,16 +205,11 @@ class VfioDeviceFile:
     def ioctl(self, request: int, arg: CData = None) -> int:
         """Dispatch by linux/vfio.h device ioctl number; unknown numbers: ENOTTY."""
         dev = self.device
-        if request == uapi.VFIO_DEVICE_GET_INFO:
-            dev.get_info(arg)
-        elif request == uapi.VFIO_DEVICE_GET_REGION_INFO:
-            dev.get_region_info(arg)
-        elif request == uapi.VFIO_DEVICE_GET_IRQ_INFO:
-            dev.get_irq_info(arg)
-        elif request == uapi.VFIO_DEVICE_SET_IRQS:
-            dev.set_irqs(arg)
-        elif request == uapi.VFIO_DEVICE_RESET:
-            dev.reset()
-        else:
-            raise vfio_error(errno.ENOTTY, f"device ioctl {request:#x} is not a VFIO device ioctl")
+        _dispatch(request, arg, {
+            uapi.VFIO_DEVICE_GET_INFO: dev.get_info,
+            uapi.VFIO_DEVICE_GET_REGION_INFO: dev.get_region_info,
+            uapi.VFIO_DEVICE_GET_IRQ_INFO: dev.get_irq_info,
+            uapi.VFIO_DEVICE_SET_IRQS: dev.set_irqs,
+            uapi.VFIO_DEVICE_RESET: lambda _: dev.reset(),
+        }, f"device ioctl {request:#x} is not a VFIO device ioctl")
         return 0

@@ -50,7 +50,7 @@ from device_model.ports import Tracer
 from ..eventfd import EventfdWaitQueues
 from ..iommu import PAGE_SIZE
 from . import uapi
-from .container import _expect, vfio_error
+from .container import _check_argsz, _check_index, _expect, vfio_error
 from .uapi import CData
 
 VFIO_PCI_OFFSET_SHIFT = 40
@@ -91,6 +91,17 @@ def find_capability(function: PciFunction, cap_id: int) -> int | None:
 class SparseArea:
     offset: int
     size: int
+
+
+def _indexed_request(arg: CData, struct: str, minsz_field: str, name: str,
+                     count: int) -> tuple[CData, int]:
+    """The struct behind `arg` and its `index`, after the argsz and index checks of an
+    info ioctl (EINVAL if argsz ends before `minsz_field` or index >= `count`)."""
+    s = _expect(arg, struct)
+    _check_argsz(s, struct, minsz_field, name)
+    index = int(s.index)
+    _check_index(name, index, count)
+    return s, index
 
 
 class BarMapping:
@@ -201,9 +212,7 @@ class VfioPciDevice:
 
     def get_info(self, info: CData) -> None:
         s = _expect(info, "vfio_device_info")
-        minsz = uapi.offsetofend("vfio_device_info", "num_irqs")
-        if s.argsz < minsz:
-            raise vfio_error(errno.EINVAL, f"VFIO_DEVICE_GET_INFO: argsz {s.argsz} < {minsz}")
+        _check_argsz(s, "vfio_device_info", "num_irqs", "VFIO_DEVICE_GET_INFO")
         s.flags = uapi.VFIO_DEVICE_FLAGS_PCI | uapi.VFIO_DEVICE_FLAGS_RESET
         s.num_regions = uapi.VFIO_PCI_NUM_REGIONS
         s.num_irqs = uapi.VFIO_PCI_NUM_IRQS
@@ -211,15 +220,8 @@ class VfioPciDevice:
             s.cap_offset = 0
 
     def get_region_info(self, info: CData) -> None:
-        s = _expect(info, "vfio_region_info")
-        name = "VFIO_DEVICE_GET_REGION_INFO"
-        minsz = uapi.offsetofend("vfio_region_info", "offset")
-        if s.argsz < minsz:
-            raise vfio_error(errno.EINVAL, f"{name}: argsz {s.argsz} < {minsz}")
-        index = int(s.index)
-        if index >= uapi.VFIO_PCI_NUM_REGIONS:
-            raise vfio_error(errno.EINVAL, f"{name}: index {index} out of range "
-                                           f"(0..{uapi.VFIO_PCI_NUM_REGIONS - 1})")
+        s, index = _indexed_request(info, "vfio_region_info", "offset",
+                                    "VFIO_DEVICE_GET_REGION_INFO", uapi.VFIO_PCI_NUM_REGIONS)
         size = self._region_size(index)
         flags = 0
         if size:
@@ -253,14 +255,8 @@ class VfioPciDevice:
                 s.cap_offset = base
 
     def get_irq_info(self, info: CData) -> None:
-        s = _expect(info, "vfio_irq_info")
-        minsz = uapi.offsetofend("vfio_irq_info", "count")
-        if s.argsz < minsz:
-            raise vfio_error(errno.EINVAL, f"VFIO_DEVICE_GET_IRQ_INFO: argsz {s.argsz} < {minsz}")
-        index = int(s.index)
-        if index >= uapi.VFIO_PCI_NUM_IRQS:
-            raise vfio_error(errno.EINVAL, f"VFIO_DEVICE_GET_IRQ_INFO: index {index} out of range "
-                                           f"(0..{uapi.VFIO_PCI_NUM_IRQS - 1})")
+        s, index = _indexed_request(info, "vfio_irq_info", "count",
+                                    "VFIO_DEVICE_GET_IRQ_INFO", uapi.VFIO_PCI_NUM_IRQS)
         s.flags = uapi.VFIO_IRQ_INFO_EVENTFD | uapi.VFIO_IRQ_INFO_NORESIZE
         if index == uapi.VFIO_PCI_MSIX_IRQ_INDEX:
             s.flags |= uapi.VFIO_IRQ_INFO_MASKABLE
@@ -276,9 +272,7 @@ class VfioPciDevice:
     def set_irqs(self, irq_set: CData) -> None:
         s = _expect(irq_set, "vfio_irq_set")
         name = "VFIO_DEVICE_SET_IRQS"
-        minsz = uapi.offsetofend("vfio_irq_set", "count")
-        if s.argsz < minsz:
-            raise vfio_error(errno.EINVAL, f"{name}: argsz {s.argsz} < {minsz}")
+        minsz = _check_argsz(s, "vfio_irq_set", "count", name)
         flags = int(s.flags)
         known = uapi.VFIO_IRQ_SET_DATA_TYPE_MASK | uapi.VFIO_IRQ_SET_ACTION_TYPE_MASK
         data_type = flags & uapi.VFIO_IRQ_SET_DATA_TYPE_MASK
@@ -287,9 +281,7 @@ class VfioPciDevice:
             raise vfio_error(errno.EINVAL, f"{name}: flags {flags:#x} must be one DATA_* and one "
                                            "ACTION_* bit")
         index, start, count = int(s.index), int(s.start), int(s.count)
-        if index >= uapi.VFIO_PCI_NUM_IRQS:
-            raise vfio_error(errno.EINVAL, f"{name}: index {index} out of range "
-                                           f"(0..{uapi.VFIO_PCI_NUM_IRQS - 1})")
+        _check_index(name, index, uapi.VFIO_PCI_NUM_IRQS)
         max_count = self._irq_count(index)
         if max_count == 0:
             raise vfio_error(errno.EINVAL, f"{name}: index {index} has no interrupts on this "
