@@ -53,6 +53,12 @@ class Clock(Protocol):
         than this can be carried out at once without anyone being able to tell."""
         ...
 
+    # Optional (looked up with getattr; the VMM's scheduler has it):
+    # def horizon_ns(self) -> int | None:
+    #     The earliest time anybody else can observe anything (next event, a running
+    #     guest's resume, waiting guests' deadlines); None: unbounded. A clock without
+    #     it is treated as next_event_ns(), with None meaning "stop here".
+
 
 class IrqLine(Protocol):
     def set_level(self, level: bool) -> None:
@@ -62,6 +68,11 @@ class IrqLine(Protocol):
 
 class Tracer(Protocol):
     def emit(self, kind: str, **fields: object) -> None: ...
+
+    # Optional (looked up with getattr; the VMM's tracer has it):
+    # def emit_each(self, kind: str, names: tuple[str, ...], rows: list[tuple]) -> None:
+    #     One event per row, all at the current time, in order; the same events as
+    #     emit(kind, **dict(zip(names, row))) for each row.
 
 
 class NullTracer:

@@ -264,8 +264,16 @@ class CommandBufferBuilder:
         base = len(self._data)
         self._reserve(len(other._data))
         self._data += other._data
-        for r in other._records:
-            self._record(base + r.offset, r.opcode, r.length, r.name)
+        n = len(self._records)
+        if base == 0 and n == 0:
+            # Records are immutable and would be rebuilt identical: share them.
+            self._records.extend(other._records)
+            self._offsets.extend(other._offsets)
+        else:
+            self._records.extend(CommandRecord(n + i, base + r.offset, r.opcode, r.length,
+                                               r.name)
+                                 for i, r in enumerate(other._records))
+            self._offsets.extend(base + o for o in other._offsets)
         return base
 
     def clear(self) -> None:

@@ -94,6 +94,8 @@ class Device:
         self._drv = DriverFile(file, self.path)
         self._closed = False
         self.contexts: list[Context] = []
+        # Pinned host arrays (alloc_host): (data address, nbytes, handle, iova, array).
+        self._pinned: list[tuple[int, int, int, int, np.ndarray]] = []
         try:
             self.params = DeviceParams(self._read_params())
         except BaseException:
@@ -135,6 +137,52 @@ class Device:
         self.contexts.append(ctx)
         return ctx
 
+    # -- pinned host memory -----------------------------------------------------
+
+    def alloc_host(self, shape: int | Sequence[int], dtype: Any = np.float32) -> np.ndarray:
+        """A zeroed numpy array in pinned host memory (a HOST buffer object mapped into
+        this process, like cudaHostAlloc): the fast way to feed the device.
+
+        `Stream.upload` from such an array (or any C-contiguous view of one) is a single
+        DMA_H2D straight out of it, with no staging copy. The DMA reads the array when
+        the stream runs, so do not modify it until then (synchronize, or wait on an
+        Event recorded after the upload). Free it with `free_host` (or close the
+        device)."""
+        self._check_open()
+        shp = _shape(shape)
+        dt = to_numpy_dtype(dtype)
+        nbytes = max(1, int(np.prod(shp, dtype=np.int64)) * dt.itemsize)
+        handle, iova = self._drv.bo_create(nbytes, uapi.BO_HOST)
+        try:
+            raw = self._drv.mmap(handle, nbytes)
+        except BaseException:
+            self._drv.bo_free(handle)
+            raise
+        n = int(np.prod(shp, dtype=np.int64)) * dt.itemsize
+        arr = raw[:n].view(dt).reshape(shp)
+        self._pinned.append((raw.ctypes.data, nbytes, handle, iova, arr))
+        return arr
+
+    def free_host(self, array: np.ndarray) -> None:
+        """Free an array made by `alloc_host` (in-flight uploads keep its buffer alive)."""
+        for i, p in enumerate(self._pinned):
+            if p[4] is array:
+                del self._pinned[i]
+                if not self._closed:
+                    self._drv.bo_free(p[2])
+                return
+        raise ValueError("free_host: not an array made by this device's alloc_host")
+
+    def _pinned_iova(self, arr: np.ndarray) -> tuple[int, int] | None:
+        """(handle, iova) when `arr` is a C-contiguous view inside a pinned array."""
+        if not self._pinned or not arr.flags.c_contiguous:
+            return None
+        ptr = arr.ctypes.data
+        for start, nbytes, handle, iova, _ in self._pinned:
+            if start <= ptr and ptr + arr.nbytes <= start + nbytes:
+                return handle, iova + (ptr - start)
+        return None
+
     def stats(self) -> dict[str, int]:
         """Driver statistics (GET_STATS): submissions, commands, device time ..."""
         self._check_open()
@@ -147,7 +195,10 @@ class Device:
         try:
             for ctx in list(self.contexts):
                 ctx.destroy()
+            for p in self._pinned:
+                self._drv.bo_free(p[2])
         finally:
+            self._pinned = []
             self._closed = True
             self._drv.close()
 

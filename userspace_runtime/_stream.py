@@ -242,6 +242,10 @@ class Stream:
 
         The data is copied once, now, into a HOST staging region, so the caller may
         reuse its array immediately; a DMA_H2D moves it when the stream runs.
+
+        The fast way: `data` in pinned host memory (`Device.alloc_host`). Then there is
+        no staging copy: the DMA_H2D reads the array itself when the stream runs, so
+        leave it unmodified until then.
         """
         self._check("upload")
         buf = self._buffer(buf, "upload")
@@ -251,6 +255,13 @@ class Stream:
                             f"{buf.dtype}; convert it with .astype(np.{buf.dtype.name})")
         if arr.shape != buf.shape:
             raise ValueError(f"upload: data has shape {arr.shape} but the buffer is {buf.shape}")
+        pinned = self.context.device._pinned_iova(arr)
+        if pinned is not None:  # zero copy: one DMA straight out of the pinned array
+            handle, iova = pinned
+            name = f"upload pinned {buf.shape} {buf.dtype} -> {buf.addr:#x} ({_caller()})"
+            self._append(Opcode.DMA_H2D, (buf.handle, handle),
+                         lambda b: b.dma_h2d(iova, buf.addr, buf.nbytes, name=name))
+            return
         region = self._staging.alloc(buf.nbytes, self._open.seq)
         np.copyto(region.array().view(buf.dtype).reshape(buf.shape), arr, casting="no")
         name = f"upload {buf.shape} {buf.dtype} -> {buf.addr:#x} ({_caller()})"

@@ -23,17 +23,34 @@ class GuestDma:
         if not self.memory.contains(iova, length):
             raise DmaFault(iova, length, write, "not backed by guest RAM")
 
+    def probe_view(self, iova: int, length: int) -> None:
+        """Raises exactly the DmaFault view(iova, length) would, without making the view
+        (an optional DmaPort method: device_model.virtio.queue probes rings with it)."""
+        self._check(iova, length, True)
+
+    # The hot paths test "inside guest RAM" inline (which implies no 64-bit overflow)
+    # and leave the reasons to _check.
+
     def read(self, iova: int, length: int) -> bytes:
-        self._check(iova, length, False)
+        mem = self.memory
+        if length < 0 or iova < mem.base or iova + length > mem.base + mem.size:
+            self._check(iova, length, False)
         self.bytes_read += length
-        return self.memory.read(iova, length)
+        return mem.read(iova, length)
 
     def write(self, iova: int, data: bytes | bytearray | memoryview | np.ndarray) -> None:
-        n = data.nbytes if isinstance(data, np.ndarray) else len(memoryview(data).cast("B"))
-        self._check(iova, n, True)
+        if type(data) is bytes or type(data) is bytearray:
+            n = len(data)
+        else:
+            n = data.nbytes if isinstance(data, np.ndarray) else len(memoryview(data).cast("B"))
+        mem = self.memory
+        if iova < mem.base or iova + n > mem.base + mem.size:
+            self._check(iova, n, True)
         self.bytes_written += n
-        self.memory.write(iova, data)
+        mem.write(iova, data)
 
     def view(self, iova: int, length: int) -> np.ndarray:
-        self._check(iova, length, True)
-        return self.memory.view(iova, length)
+        mem = self.memory
+        if length < 0 or iova < mem.base or iova + length > mem.base + mem.size:
+            self._check(iova, length, True)
+        return mem.view(iova, length)

@@ -88,6 +88,8 @@ class Machine:
         self._pending_irqs: deque[PendingIrq] = deque()
         self._all_done = threading.Event()
         self._running_tasks = False
+        self._main_deadline: int | None = None  # wait_until outside any task
+        self.sched.deadlines = self._earliest_deadline
 
     # -- time ------------------------------------------------------------------------
     def now_ns(self) -> int:
@@ -147,9 +149,13 @@ class Machine:
         task.baton.set()
 
     def _earliest_deadline(self) -> int | None:
-        deadlines = [t.deadline for t in self.tasks
-                     if t.state is TaskState.WAITING and t.deadline is not None]
-        return min(deadlines) if deadlines else None
+        best = self._main_deadline
+        waiting = TaskState.WAITING
+        for t in self.tasks:
+            d = t.deadline
+            if d is not None and t.state is waiting and (best is None or d < best):
+                best = d
+        return best
 
     def _step(self, what: str, who: str, own_deadline: int | None = None) -> None:
         """Let virtual time move: the next event, or the earliest task deadline."""
@@ -173,6 +179,9 @@ class Machine:
             raise SchedulerError("wait_until called outside the running guest task")
         if me is not None:
             me.cond, me.deadline, me.what, me.state = cond, deadline, what, TaskState.WAITING
+        outer_main = self._main_deadline
+        if me is None and deadline is not None:
+            self._main_deadline = deadline if outer_main is None else min(outer_main, deadline)
         who = me.name if me is not None else "main"
         self.trace.emit("machine", "wait", {"task": who, "what": what,
                                             "timeout": -1 if deadline is None else deadline - now})
@@ -198,6 +207,7 @@ class Machine:
             self.trace.emit("machine", "wake", {"task": who, "what": what, "ok": woke})
             if me is not None:
                 me.state, me.cond, me.deadline = TaskState.RUNNING, None, None
+            self._main_deadline = outer_main
 
     def sleep(self, ns: int) -> None:
         self.wait_until(lambda: False, max(0, int(ns)), "sleep")

@@ -55,6 +55,7 @@ class GuestMemory:
         self.size = size
         self.host_offset, self._ram = host.carve(size)
         self._ram = self._ram[:size]
+        self._mv = memoryview(self._ram)  # small accesses: cheaper than numpy slices
 
     def contains(self, gpa: int, length: int) -> bool:
         return length >= 0 and gpa >= self.base and gpa + length <= self.base + self.size
@@ -71,10 +72,19 @@ class GuestMemory:
         return self._ram[off:off + length]
 
     def read(self, gpa: int, length: int) -> bytes:
-        off = self._offset(gpa, length)
-        return self._ram[off:off + length].tobytes()
+        off = gpa - self.base
+        if length < 0 or off < 0 or off + length > self.size:
+            self._offset(gpa, length)  # raises
+        return self._mv[off:off + length].tobytes()
 
     def write(self, gpa: int, data: bytes | bytearray | memoryview | np.ndarray) -> None:
+        if type(data) is bytes or type(data) is bytearray:
+            n = len(data)
+            off = gpa - self.base
+            if off < 0 or off + n > self.size:
+                self._offset(gpa, n)  # raises
+            self._mv[off:off + n] = data
+            return
         src = np.frombuffer(data, dtype=np.uint8) if not isinstance(data, np.ndarray) \
             else data.reshape(-1).view(np.uint8)
         off = self._offset(gpa, src.size)

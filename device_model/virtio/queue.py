@@ -159,7 +159,11 @@ class Queue:
             if addr + size > _U64:
                 raise RingError("ring/addr-overflow", f"{what} at {addr:#x} overflows")
             try:
-                dma.view(addr, size)
+                probe = getattr(dma, "probe_view", None)  # view()'s check, no view
+                if probe is not None:
+                    probe(addr, size)
+                else:
+                    dma.view(addr, size)
             except DmaFault as e:
                 raise RingError("ring/dma", f"{what}: {e}") from None
 

@@ -73,6 +73,9 @@ class SplitQueue(Generic[T]):
         self.layout = RingLayout(num, self.max_indirect)
         self._alloc = alloc
         self.base = alloc.alloc(self.layout.total, 4096)
+        # The whole ring allocation as one memoryview, bounds-checked once here: every
+        # field access is then a struct pack_into/unpack_from at a fixed offset.
+        self._ring = memoryview(memory.view(self.base, self.layout.total)).cast("B")
         self.broken: str | None = None
         self._free: list[int] = []
         self._tokens: list[T | None] = []
@@ -137,19 +140,19 @@ class SplitQueue(Generic[T]):
         if need > len(self._free):
             raise QueueFull(f"queue {self.index}: {need} descriptors needed, "
                             f"{len(self._free)} free")
-        mem = self.memory
+        ring = self._ring
+        lay = self.layout
+        dsize = V.DESC.size
         if self._use_indirect(len(segs)):
             head = self._free.pop()
             chain: tuple[int, ...] = (head,)
-            table = self.base + self.layout.indirect + head * self.layout.indirect_stride
-            buf = bytearray(V.DESC.size * len(segs))
+            toff = lay.indirect + head * lay.indirect_stride
             for i, (addr, length, flags) in enumerate(segs):
                 last = i == len(segs) - 1
-                _DESC.pack_into(buf, i * V.DESC.size, addr, length,
+                _DESC.pack_into(ring, toff + i * dsize, addr, length,
                                 flags | (0 if last else V.DESC_F_NEXT), 0 if last else i + 1)
-            mem.write(table, buf)
-            mem.write(self.desc_addr + head * V.DESC.size,
-                      _DESC.pack(table, len(buf), V.DESC_F_INDIRECT, 0))
+            _DESC.pack_into(ring, lay.desc + head * dsize, self.base + toff,
+                            dsize * len(segs), V.DESC_F_INDIRECT, 0)
         else:
             ids = [self._free.pop() for _ in segs]
             chain = tuple(ids)
@@ -157,16 +160,16 @@ class SplitQueue(Generic[T]):
             for i, (addr, length, flags) in enumerate(segs):
                 last = i == len(segs) - 1
                 nxt = 0 if last else ids[i + 1]
-                mem.write(self.desc_addr + ids[i] * V.DESC.size,
-                          _DESC.pack(addr, length, flags | (0 if last else V.DESC_F_NEXT), nxt))
+                _DESC.pack_into(ring, lay.desc + ids[i] * dsize, addr, length,
+                                flags | (0 if last else V.DESC_F_NEXT), nxt)
         self._tokens[head] = token
         self._chains[head] = chain
         self._wcap[head] = sum(n for _, n in writable)
         self.in_flight += 1
         slot = self.avail_idx % self.num
-        mem.write(self.base + self.layout.avail_ring + V.AVAIL_ELEM * slot, _U16.pack(head))
+        _U16.pack_into(ring, lay.avail_ring + V.AVAIL_ELEM * slot, head)
         self.avail_idx = (self.avail_idx + 1) & 0xFFFF
-        mem.write(self.base + self.layout.avail_idx, _U16.pack(self.avail_idx))
+        _U16.pack_into(ring, lay.avail_idx, self.avail_idx)
         return head
 
     def kick_prepare(self) -> bool:
@@ -176,14 +179,14 @@ class SplitQueue(Generic[T]):
         if new == old:
             return False
         if self.event_idx:
-            (event,) = _U16.unpack(self.memory.read(self.base + self.layout.avail_event, 2))
+            (event,) = _U16.unpack_from(self._ring, self.layout.avail_event)
             return vring_need_event(event, new, old)
-        (flags,) = _U16.unpack(self.memory.read(self.layout.used + self.base, 2))
+        (flags,) = _U16.unpack_from(self._ring, self.layout.used)
         return not flags & V.USED_F_NO_NOTIFY
 
     # ---- reaping ----------------------------------------------------------------------
     def used_idx(self) -> int:
-        return int(_U16.unpack(self.memory.read(self.base + self.layout.used_idx, 2))[0])
+        return int(_U16.unpack_from(self._ring, self.layout.used_idx)[0])
 
     def has_used(self) -> bool:
         return not self.broken and self.used_idx() != self.last_used
@@ -203,12 +206,11 @@ class SplitQueue(Generic[T]):
             self.broken = (f"used.idx jumped to {used_idx} from {self.last_used}: {pending} "
                            f"entries but only {self.in_flight} requests in flight")
             return out
-        mem = self.memory
+        ring = self._ring
+        used_ring, esize = self.layout.used_ring, V.USED_ELEM.size
         for _ in range(pending):
             slot = self.last_used % self.num
-            uid, ulen = _USED_ELEM.unpack(
-                mem.read(self.base + self.layout.used_ring + V.USED_ELEM.size * slot,
-                         V.USED_ELEM.size))
+            uid, ulen = _USED_ELEM.unpack_from(ring, used_ring + esize * slot)
             if uid >= self.num:
                 self.broken = f"used id {uid} out of range (queue size {self.num})"
                 return out
@@ -232,7 +234,7 @@ class SplitQueue(Generic[T]):
         """Ask for an interrupt at the next used entry; True if entries are already pending
         (the caller must reap again: they may have landed before used_event was seen)."""
         if self.event_idx:
-            self.memory.write(self.base + self.layout.used_event, _U16.pack(self.last_used))
+            _U16.pack_into(self._ring, self.layout.used_event, self.last_used)
         return self.has_used()
 
     def drain(self) -> list[T]:

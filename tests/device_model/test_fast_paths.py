@@ -1,0 +1,148 @@
+"""The device model's fast paths do exactly what the general paths do.
+
+- decode: runs of NOPs are built without the per-command checker;
+- engine: GEMM with an f32 bias (and NONE/RELU) runs its epilogue in place in C;
+- engine: runs of NOPs are stepped in a tight loop; work is applied up to the clock's
+  horizon (horizon_ns) when the clock has one.
+"""
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+from dm_driver import Rig, gemm, nop, signal
+
+from device_model import Va1Config
+from device_model.va1 import commands as C
+from device_model.va1.engine import _gemm
+from device_model.va1.memory import DeviceMemory
+from hwspec.isa import Activation, DType, Opcode
+from hwspec.va1 import Status
+
+
+def _env() -> C.DecodeEnv:
+    return C.DecodeEnv(config=Va1Config(device_memory_size=1 << 16),
+                       memory=DeviceMemory(1 << 16), dma=None,  # type: ignore[arg-type]
+                       fp16=True, timestamp=True)
+
+
+def _slow_nop(env: C.DecodeEnv, offset: int) -> C.Command:
+    return C._resolve(C._Checker(env, offset), Opcode.NOP, 0, ())
+
+
+def test_nop_runs_decode_like_the_general_path() -> None:
+    env = _env()
+    buf = nop() + nop(16) + nop() + nop(64)
+    got = C.decode(buf, env)
+    assert got == [_slow_nop(env, off) for off in (0, 8, 24, 32)]
+    assert all(type(c) is C.Command for c in got)
+
+
+@pytest.mark.parametrize("buf,status,offset", [
+    (nop() + struct.pack("<HHI", 0, 1, 8), Status.BAD_ARG, 8),        # NOP with flags
+    (nop() + struct.pack("<HHI", 0, 0, 12) + bytes(4), Status.BAD_LENGTH, 8),  # unaligned
+    (nop() + struct.pack("<HHI", 0, 0, 4), Status.BAD_LENGTH, 8),     # shorter than a header
+    (nop() + struct.pack("<HHI", 0, 0, 32), Status.TRUNCATED, 8),     # past the end
+    (nop() + bytes(4), Status.TRUNCATED, 8),                           # no room for a header
+])
+def test_bad_nops_still_fail_through_the_general_path(buf: bytes, status: Status,
+                                                      offset: int) -> None:
+    with pytest.raises(C.CommandError) as ei:
+        C.decode(buf, _env())
+    assert (ei.value.status, ei.value.offset) == (status, offset)
+
+
+def _reference(a: np.ndarray, b: np.ndarray, bias: np.ndarray | None, act: int) -> np.ndarray:
+    t = np.matmul(a, b)
+    if bias is not None:
+        t += bias
+    if act == Activation.RELU:
+        np.maximum(t, 0, out=t)
+    return t
+
+
+@pytest.mark.parametrize("act", [Activation.NONE, Activation.RELU])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_gemm_in_place_epilogue_is_bit_exact(act: int, with_bias: bool) -> None:
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((17, 33), dtype=np.float32)
+    b = rng.standard_normal((33, 9), dtype=np.float32)
+    bias = rng.standard_normal(9, dtype=np.float32) if with_bias else None
+    c = np.full((17, 9), np.nan, np.float32)
+    cmd = C.Command(Opcode.GEMM, 0, 1, a=a, b=b, c=c, bias=bias, dtype=DType.F32,
+                    activation=act)
+    _gemm(cmd)
+    np.testing.assert_array_equal(c, _reference(a, b, bias, act))
+
+
+def test_gemm_bias_aliasing_the_output_takes_the_general_path() -> None:
+    rng = np.random.default_rng(6)
+    a = rng.standard_normal((4, 3), dtype=np.float32)
+    b = rng.standard_normal((3, 4), dtype=np.float32)
+    c = rng.standard_normal((4, 4), dtype=np.float32)
+    bias = c[0]  # the bias is the output's first row: read before the output is written
+    want = _reference(a, b, bias.copy(), Activation.RELU)
+    cmd = C.Command(Opcode.GEMM, 0, 1, a=a, b=b, c=c, bias=bias, dtype=DType.F32,
+                    activation=Activation.RELU)
+    _gemm(cmd)
+    np.testing.assert_array_equal(c, want)
+
+
+def test_gemm_bias_on_the_device_matches_numpy() -> None:
+    rig = Rig()
+    cid = rig.create_context()
+    rng = np.random.default_rng(7)
+    A = rng.standard_normal((8, 16), dtype=np.float32)
+    B = rng.standard_normal((16, 4), dtype=np.float32)
+    bias = rng.standard_normal(4, dtype=np.float32)
+    rig.dev.memory.write(0, A.tobytes())
+    rig.dev.memory.write(1024, B.tobytes())
+    rig.dev.memory.write(4096, bias.tobytes())
+    r = rig.submit(cid, gemm(8, 4, 16, 0, 1024, 2048, bias=4096, act=1, flags=4))
+    assert r.status == Status.OK
+    got = np.frombuffer(rig.dev.memory.read(2048, 8 * 4 * 4), "<f4").reshape(8, 4)
+    np.testing.assert_array_equal(got, _reference(A, B, bias, Activation.RELU))
+
+
+def test_nop_run_trace_and_times_match_one_command_at_a_time() -> None:
+    """A run of NOPs followed by other commands: every NOP gets its `cmd` event with
+    back-to-back virtual times, the counters add up, and a SIGNAL after the run lands."""
+    rig = Rig()
+    cid = rig.create_context()
+    addr = rig.put(bytes(8))
+    buf = nop() * 5 + nop(24) + signal(addr, 7) + nop()
+    r = rig.submit(cid, buf)
+    assert r.status == Status.OK
+    cmds = rig.tracer.kinds("cmd")[-8:]
+    assert [c["opcode"] for c in cmds] == ["NOP"] * 6 + ["SIGNAL", "NOP"]
+    assert [c["offset"] for c in cmds] == [0, 8, 16, 24, 32, 40, 64, 88]
+    for prev, nxt in zip(cmds, cmds[1:]):
+        assert nxt["start_ns"] == prev["end_ns"]
+    assert cmds[0]["start_ns"] == r.start_ns and cmds[-1]["end_ns"] == r.end_ns
+    assert r.end_ns - r.start_ns == 8 * Va1Config().cmd_overhead_ns
+    assert int.from_bytes(rig.dma.g_read(addr, 8), "little") == 7
+
+
+def test_big_last_command_is_applied_at_its_end_with_the_completion() -> None:
+    """Early application still covers the small commands before it; the big last one
+    lands at its end time, together with the completion; virtual times are the same."""
+    from dm_driver import fill, h2d
+    rig = Rig()
+    cid = rig.create_context()
+    size = 1 << 20  # 1 MiB over the host link: well above 10 us of virtual time
+    src = rig.put(bytes([7]) * size)
+    rig.clock.schedule(10**12, lambda: None, "far")
+    resp = rig.submit_nowait(cid, fill(0, 4, 5) + h2d(src, 4096, size))
+    rig.kick()
+    assert rig.dev.memory.read(0, 4) == struct.pack("<I", 5)  # the small one: applied
+    assert rig.dev.memory.read(4096, 4) == bytes(4)           # the big one: not yet
+    assert rig.queues[2].used_idx() == 0
+    rig.clock.run(until=10**9)
+    r = rig.resp(resp)
+    assert r.status == 0 and rig.queues[2].used_idx() == 1
+    assert rig.dev.memory.read(4096, size) == bytes([7]) * size
+    cfg = Va1Config()
+    link = -(-size * 10**9 // cfg.link_bandwidth)
+    mem = -(-4 * 10**9 // cfg.mem_bandwidth)
+    assert r.end_ns - r.start_ns == 2 * cfg.cmd_overhead_ns + link + mem

@@ -1,0 +1,196 @@
+"""The VMM's fast paths: the scheduler's horizon, the trace's canonical encoding, guest
+memory's small accesses."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from vmm.machine import Machine
+from vmm.memory import GuestMemory, GuestMemoryError, HostMemory
+from vmm.scheduler import Scheduler
+from vmm.trace import Trace, encode_batch
+
+
+# --- horizon --------------------------------------------------------------------------
+
+def test_horizon_without_owner_is_next_event_or_stop() -> None:
+    s = Scheduler()
+    assert s.horizon_ns() == -1  # no owner, no event: apply nothing ahead
+    s.schedule(7, lambda: None, "e")
+    assert s.horizon_ns() == 7
+
+
+def test_horizon_counts_events_charges_and_guest_deadlines() -> None:
+    m = Machine(0)
+    s = m.sched
+    assert s.horizon_ns() is None  # nobody can look: unbounded
+    s.schedule(100, lambda: None, "e")
+    assert s.horizon_ns() == 100
+    seen: list[int | None] = []
+    s.schedule(10, lambda: seen.append(s.horizon_ns()), "probe")
+    s.run_until_time(50)  # a guest charged until 50 resumes then
+    assert seen == [50]
+    seen.clear()
+    s.schedule_at(60, lambda: seen.append(s.horizon_ns()), "probe2")
+    m.wait_until(lambda: bool(seen), 30, "probe")  # deadline at 80 (from 50)
+    assert seen == [80]
+
+
+def test_device_applies_a_whole_nop_buffer_in_one_event() -> None:
+    """With the machine's horizon, a buffer of NOPs runs in one device step (not one
+    event per NOP); virtual times are those of one command after another."""
+    import userspace_runtime as rt
+    from vmm.vm import Vm
+
+    def run(n: int) -> tuple[int, list[tuple[int, int]], int]:
+        machine = Machine(3, keep_trace=True)
+        vm = Vm(machine, "vm0")
+        vm.attach_va1_mmio()
+
+        def program(os_: object) -> int:
+            with rt.Device(os_) as dev:  # type: ignore[arg-type]
+                s = dev.create_context().create_stream()
+                b = rt.CommandBufferBuilder()
+                for _ in range(n):
+                    b.nop()
+                s.enqueue(b)
+                s.synchronize()
+                before = machine.sched.events_run
+                s.enqueue(b)
+                s.synchronize()
+                return machine.sched.events_run - before
+        task = vm.spawn_program(program, name="t")
+        machine.run_tasks()
+        vm.close()
+        assert task.error is None, task.error
+        spans = [(int(e.get("start_ns")), int(e.get("end_ns")))  # type: ignore[arg-type]
+                 for e in machine.trace.events if e.kind == "cmd"]
+        return task.result, spans, len(spans)
+
+    events_1, _, _ = run(1)
+    events_n, spans, count = run(200)
+    assert count == 400
+    assert events_n == events_1  # not one more event per NOP
+    for (s0, e0), (s1, _) in zip(spans[200:], spans[201:]):
+        assert s1 == e0 and e0 > s0
+
+
+# --- trace encoding -------------------------------------------------------------------
+
+def test_encoding_depends_on_values_not_object_identity() -> None:
+    a = "".join(["vm", "0"])
+    b = "".join(["v", "m0"])
+    assert a == b and a is not b
+    one = [(1, a, "k", {"x": a, "y": a})]
+    two = [(1, b, "k", {"x": b, "y": "vm0"})]
+    assert encode_batch(one) == encode_batch(two)
+    assert encode_batch([(1, "s", "k", {"x": 1})]) != encode_batch([(1, "s", "k", {"x": True})])
+    assert encode_batch([(1, "s", "k", {"x": 1, "y": 2})]) != \
+        encode_batch([(1, "s", "k", {"y": 2, "x": 1})])  # field order counts
+
+
+_DIGEST_PROGRAM = """
+from vmm.trace import Trace
+now = [0]
+tr = Trace(lambda: now[0])
+src = tr.tracer("dev")
+for i in range(5000):
+    now[0] = i * 3
+    src.emit("cmd", opcode="NOP", offset=i * 8, name="n%d" % (i % 7), f=i / 3, ok=i % 2 == 0,
+             none=None, path=(1, "a", (2, 3)))
+    tr.emit("machine", "wait", {"task": "t" + str(i % 3), "what": "fence"})
+print(tr.digest())
+"""
+
+
+def test_digest_is_the_same_in_every_process() -> None:
+    digests = set()
+    for seed in ("0", "1", "12345"):
+        env = dict(os.environ, PYTHONHASHSEED=seed)
+        out = subprocess.run([sys.executable, "-c", _DIGEST_PROGRAM], env=env, check=True,
+                             capture_output=True, text=True, cwd=os.getcwd())
+        digests.add(out.stdout.strip())
+    assert len(digests) == 1
+
+
+def test_source_tracer_and_trace_emit_hash_alike() -> None:
+    def run(direct: bool) -> tuple[str, list[tuple[int, str, str, tuple]]]:  # type: ignore[type-arg]
+        tr = Trace(lambda: 5, keep=True)
+        if direct:
+            tr.emit("dev", "k", {"a": 1, "b": "x"})
+        else:
+            tr.tracer("dev").emit("k", a=1, b="x")
+        return tr.digest(), [(e.t_ns, e.source, e.kind, e.fields) for e in tr.events]
+    assert run(True) == run(False)
+
+
+def test_source_tracer_refuses_nondeterministic_fields() -> None:
+    with pytest.raises(TypeError, match="not deterministic"):
+        Trace(lambda: 0).tracer("s").emit("bad", obj=object())
+
+
+# --- guest memory ---------------------------------------------------------------------
+
+def test_small_reads_and_writes_are_bounds_checked() -> None:
+    host = HostMemory(1 << 16)
+    mem = GuestMemory(host, 0x1000, 0x2000)
+    mem.write(0x1000, b"\x01\x02")
+    mem.write(0x2ffe, bytearray(b"\x03\x04"))
+    mem.write(0x1010, memoryview(b"\x05"))
+    mem.write(0x1020, np.array([6, 7], np.uint16))
+    assert mem.read(0x1000, 2) == b"\x01\x02"
+    assert mem.read(0x2ffe, 2) == b"\x03\x04"
+    assert mem.read(0x1010, 1) == b"\x05"
+    assert mem.read(0x1020, 4) == b"\x06\x00\x07\x00"
+    for gpa, n in ((0xfff, 2), (0x2fff, 2), (0x3000, 1)):
+        with pytest.raises(GuestMemoryError):
+            mem.write(gpa, bytes(n))
+        with pytest.raises(GuestMemoryError):
+            mem.read(gpa, n)
+    with pytest.raises(GuestMemoryError):
+        mem.read(0x1000, -1)
+    assert mem.read(0x2ffe, 2) == b"\x03\x04" and mem.read(0x1000, 0) == b""
+
+
+def test_emit_each_makes_the_same_events_as_emit() -> None:
+    rows = [("NOP", 0, 10, 20, 0, 2), ("NOP", 8, 20, 30, 0, 2)]
+    names = ("opcode", "offset", "start_ns", "end_ns", "engine", "queue")
+    one = Trace(lambda: 7, keep=True)
+    seen: list[object] = []
+    one.watch(seen.append)
+    one.tracer("dev").emit_each("cmd", names, rows)
+    two = Trace(lambda: 7, keep=True)
+    for row in rows:
+        two.tracer("dev").emit("cmd", **dict(zip(names, row)))
+    assert one.events == two.events == seen
+    assert one.count == two.count == 2
+    again = Trace(lambda: 7)
+    again.tracer("dev").emit_each("cmd", names, rows)
+    other = Trace(lambda: 7)
+    other.tracer("dev").emit_each("cmd", names, rows[:1])
+    assert other.digest() != again.digest()  # every event counts
+    with pytest.raises(TypeError, match="not deterministic"):
+        Trace(lambda: 0).tracer("s").emit_each("bad", ("x",), [(object(),)])
+
+
+def test_guest_dma_fast_checks_fault_like_before() -> None:
+    from device_model.ports import DmaFault
+    from vmm.dma import GuestDma
+    mem = GuestMemory(HostMemory(1 << 16), 0x1000, 0x2000)
+    dma = GuestDma(mem)
+    dma.write(0x1000, b"ab")
+    dma.write(0x1002, np.array([1], np.uint16))
+    dma.write(0x1004, memoryview(b"cd"))
+    assert dma.read(0x1000, 6) == b"ab\x01\x00cd" and bytes(dma.view(0x1000, 2)) == b"ab"
+    dma.probe_view(0x1000, 0x2000)
+    for iova, n, reason in ((0xfff, 2, "not backed"), (0x2fff, 2, "not backed"),
+                            (1 << 64, 1, "overflows"), (-1, 1, "overflows")):
+        for op in (lambda: dma.read(iova, n), lambda: dma.write(iova, bytes(n)),
+                   lambda: dma.view(iova, n), lambda: dma.probe_view(iova, n)):
+            with pytest.raises(DmaFault, match=reason):
+                op()
+    assert dma.bytes_written == 6 and dma.bytes_read == 6
