@@ -198,9 +198,14 @@ class VA1Device:
             self.transport.fail()
         except Exception:  # noqa: BLE001 - best effort on a device we are abandoning
             pass
+        self._release()
+        self.ready = False
+
+    def _release(self) -> None:
+        """Give back the interrupts and the ring memory (the device is reset already)."""
         try:
             self.transport.free_interrupts()
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - best effort while unbinding
             pass
         for q in self._queues:
             q.ring.release()
@@ -209,7 +214,6 @@ class VA1Device:
         if self.admin is not None:
             self.admin.release()
             self.admin = None
-        self.ready = False
 
     def _init_device(self, reset: bool = True) -> None:
         """Reset (unless just done) and bring the device to DRIVER_OK (virtio 1.x §3.1.1)."""
@@ -606,17 +610,7 @@ class VA1Device:
             pass
         self._abort_in_flight()
         self.dead = "removed"
-        try:
-            self.transport.free_interrupts()
-        except Exception:  # noqa: BLE001 - best effort while unbinding
-            pass
-        for q in self._queues:
-            q.ring.release()
-            self.alloc.free(q.slot_base)
-        self._queues = []
-        if self.admin is not None:
-            self.admin.release()
-            self.admin = None
+        self._release()
 
     # ================================================================== controlq
     def _control(self, req: bytes, resp_size: int, what: str) -> _CtrlRequest:
