@@ -14,7 +14,7 @@ import numpy as np
 from guest_driver import uapi
 from hwspec import va1
 
-from .. import Device
+from .. import Buffer, Context, Device, Stream
 
 TOLERANCE = 1e-4
 
@@ -41,6 +41,23 @@ def make_inputs(seed: int, batch: int, sizes: Sequence[int]) -> dict[str, np.nda
     }
 
 
+WEIGHTS = ("x", "w1", "b1", "w2", "b2")
+
+
+def alloc_buffers(ctx: Context, batch: int, sizes: Sequence[int]) -> dict[str, Buffer]:
+    """Device buffers for the inputs and weights (named as in make_inputs), h and y."""
+    d0, d1, d2 = sizes
+    shapes = {"x": (batch, d0), "w1": (d0, d1), "b1": (d1,), "w2": (d1, d2), "b2": (d2,),
+              "h": (batch, d1), "y": (batch, d2)}
+    return {name: ctx.alloc(shape, np.float32) for name, shape in shapes.items()}
+
+
+def enqueue_layers(stream: Stream, bufs: dict[str, Buffer]) -> None:
+    """Both layers: one GEMM each with the bias and ReLU in its epilogue."""
+    stream.gemm(bufs["x"], bufs["w1"], bufs["h"], bias=bufs["b1"], activation="relu")
+    stream.gemm(bufs["h"], bufs["w2"], bufs["y"], bias=bufs["b2"], activation="relu")
+
+
 def main(os: uapi.GuestOS, seed: int = 0, batch: int = 64,
          sizes: Sequence[int] = (512, 1024, 256)) -> dict[str, Any]:
     """Run the MLP on /dev/accel/accel0 and compare with numpy; a JSON-able report."""
@@ -51,22 +68,15 @@ def main(os: uapi.GuestOS, seed: int = 0, batch: int = 64,
     inp = make_inputs(seed, batch, sizes)
     with Device(os) as dev:
         ctx = dev.create_context()
-        x = ctx.alloc((batch, d0), np.float32)
-        w1 = ctx.alloc((d0, d1), np.float32)
-        b1 = ctx.alloc((d1,), np.float32)
-        w2 = ctx.alloc((d1, d2), np.float32)
-        b2 = ctx.alloc((d2,), np.float32)
-        h = ctx.alloc((batch, d1), np.float32)
-        y = ctx.alloc((batch, d2), np.float32)
+        bufs = alloc_buffers(ctx, batch, sizes)
         stream = ctx.create_stream(queue=0)
-        for buf, name in ((x, "x"), (w1, "w1"), (b1, "b1"), (w2, "w2"), (b2, "b2")):
-            stream.upload(buf, inp[name])
+        for name in WEIGHTS:
+            stream.upload(bufs[name], inp[name])
         timed = dev.has_feature(va1.F_TIMESTAMP)  # events need TIMESTAMP
         start = stream.record_event() if timed else None
-        stream.gemm(x, w1, h, bias=b1, activation="relu")
-        stream.gemm(h, w2, y, bias=b2, activation="relu")
+        enqueue_layers(stream, bufs)
         end = stream.record_event() if timed else None
-        out = stream.download(y)
+        out = stream.download(bufs["y"])
         stream.synchronize()
         result = out.result()
         compute_ns = start.elapsed_ns(end) if start and end else None

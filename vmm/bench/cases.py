@@ -137,27 +137,20 @@ def mlp(sz: Sizes, profiles: ProfileSet | None = None) -> Row:
         base_t: list[float] = []
         with rt.Device(os_) as dev:
             ctx = dev.create_context()
-            x = ctx.alloc((batch, d0), np.float32)
-            w1 = ctx.alloc((d0, d1), np.float32)
-            b1 = ctx.alloc((d1,), np.float32)
-            w2 = ctx.alloc((d1, d2), np.float32)
-            b2 = ctx.alloc((d2,), np.float32)
-            h = ctx.alloc((batch, d1), np.float32)
-            y = ctx.alloc((batch, d2), np.float32)
+            bufs = wl.alloc_buffers(ctx, batch, sizes)
             s = ctx.create_stream()
             # The inputs live in pinned host arrays (Device.alloc_host), the runtime's
             # documented fast way to feed the device: each upload is one DMA from them.
             host = {}
-            for name in ("x", "w1", "b1", "w2", "b2"):
+            for name in wl.WEIGHTS:
                 host[name] = dev.alloc_host(inp[name].shape, inp[name].dtype)
                 host[name][...] = inp[name]
 
             def once() -> np.ndarray:
-                for buf, name in ((x, "x"), (w1, "w1"), (b1, "b1"), (w2, "w2"), (b2, "b2")):
-                    s.upload(buf, host[name])
-                s.gemm(x, w1, h, bias=b1, activation="relu")
-                s.gemm(h, w2, y, bias=b2, activation="relu")
-                out = s.download(y)
+                for name in wl.WEIGHTS:
+                    s.upload(bufs[name], host[name])
+                wl.enqueue_layers(s, bufs)
+                out = s.download(bufs["y"])
                 s.synchronize()
                 res: np.ndarray = out.result()
                 return res
