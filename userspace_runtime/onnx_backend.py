@@ -4,7 +4,7 @@ Each `run` loads the code object in a fresh guest VM (booting one costs ~20 ms o
 time) through a *guest runner*: a function `(code: bytes, feeds: dict) -> dict` that
 boots a VM and launches `main`. The runtime may not import the host (vmm) layer, so the
 runner is found through the `virtaccel.guest_runner` entry point (the vmm package
-provides `vmm.cli.run:run_module_in_vm`) or set with `set_guest_runner`.
+provides `virtaccel.cli.run:run_module_in_vm`) or set with `set_guest_runner`.
 
 Static operands (Reshape shapes, Reduce axes, quantization parameters, BatchNorm
 statistics) that a model feeds as graph inputs are compile-time values for the

@@ -164,9 +164,3 @@ class SourceTracer:
                     tr.events.append(event)
                 for fn in tr._watchers:
                     fn(event)
-
-
-def write_chrome_trace(trace: Trace, path: str) -> dict[str, object]:
-    """Write a kept trace as Chrome trace-event JSON (Perfetto); see vmm.trace_export."""
-    from .trace_export import write_chrome_trace as _write
-    return _write(trace, path)

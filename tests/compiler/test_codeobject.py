@@ -16,7 +16,7 @@ from userspace_runtime import codeobject as co
 from userspace_runtime.codeobject import _format as F
 from userspace_runtime.compiler import CompileOptions, compile_graph
 from userspace_runtime.module import Module
-from vmm.cli import main as cli_main
+from virtaccel.cli import main as cli_main
 
 from . import models
 from .conftest import readelf_clean

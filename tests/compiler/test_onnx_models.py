@@ -14,7 +14,7 @@ from onnx.reference import ReferenceEvaluator  # noqa: E402
 
 from userspace_runtime import onnx_backend  # noqa: E402
 from userspace_runtime.onnx_import import OnnxImportError, compile_onnx, supported_ops  # noqa: E402
-from vmm.cli import main as cli_main  # noqa: E402
+from virtaccel.cli import main as cli_main  # noqa: E402
 
 from . import onnx_models  # noqa: E402
 from .conftest import readelf_clean, run_on_device  # noqa: E402
@@ -105,7 +105,7 @@ def test_backend_finds_the_guest_runner_entry_point() -> None:
     saved = onnx_backend._runner
     onnx_backend.set_guest_runner(None)
     try:
-        from vmm.cli.run import run_module_in_vm
+        from virtaccel.cli.run import run_module_in_vm
         assert onnx_backend.guest_runner() is run_module_in_vm
     finally:
         onnx_backend.set_guest_runner(saved)
@@ -153,7 +153,7 @@ def test_cli_run_on_a_vm_image(image: str, tmp_path: Path,
 
 def test_cli_run_int8_model_on_an_image_without_int8(tmp_path: Path,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
-    pytest.importorskip("vmm.images", reason="VM images are not in this tree")
+    pytest.importorskip("virtaccel.images", reason="VM images are not in this tree")
     image = tmp_path / "float-only.toml"
     image.write_text('name = "float-only"\n[accelerator]\nmode = "emulated"\n'
                      'transport = "mmio"\n[accelerator.config]\ndtype_mask = 3\n')

@@ -20,7 +20,7 @@ from onnx.backend.test.loader import load_model_tests  # noqa: E402
 
 from userspace_runtime import onnx_backend  # noqa: E402
 from userspace_runtime.onnx_import import supported_ops  # noqa: E402
-from vmm.cli.run import run_module_in_vm  # noqa: E402
+from virtaccel.cli.run import run_module_in_vm  # noqa: E402
 
 # Explicitly, rather than through the installed entry point: a concurrent reinstall of
 # the package must not fail these (test_onnx_models checks the entry point).

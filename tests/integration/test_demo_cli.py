@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from userspace_runtime.workloads import mlp
-from vmm.cli import main
-from vmm.cli.demo import run_demo
+from virtaccel.guests import mlp
+from virtaccel.cli import main
+from virtaccel.cli.demo import run_demo
 
 
 def test_demo_matches_numpy_and_reports_every_command() -> None:

@@ -12,7 +12,7 @@ from hwspec import pci as P
 from hwspec import va1, virtio
 from hwspec import virtio_pci as VP
 from userspace_runtime import Device, DeviceError
-from userspace_runtime.workloads import mlp
+from virtaccel.guests import mlp
 from vmm.host import Host
 from vmm.machine import Machine
 from vmm.vm import Vm

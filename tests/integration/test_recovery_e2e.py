@@ -12,7 +12,7 @@ import pytest
 from guest_driver import uapi
 from hwspec import va1, virtio, virtio_mmio
 from userspace_runtime import Device, DeviceError, DriverError
-from userspace_runtime.workloads import mlp
+from virtaccel.guests import mlp
 from vmm.machine import Machine
 from vmm.vm import Vm
 

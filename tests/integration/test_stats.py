@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from userspace_runtime import CommandBufferBuilder, Device
-from vmm.cli import main
-from vmm.cli.stats import StatsCollector, format_stats, run_stats
+from virtaccel.cli import main
+from virtaccel.cli.stats import StatsCollector, format_stats, run_stats
 from vmm.machine import Machine
 from vmm.vm import Vm
 

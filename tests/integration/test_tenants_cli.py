@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from vmm.cli import main
+from virtaccel.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 

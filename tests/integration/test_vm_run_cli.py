@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from vmm.cli import main
-from vmm.images import load_image, run_image
+from virtaccel.cli import main
+from virtaccel.images import load_image, run_image
 
 ROOT = Path(__file__).resolve().parents[2]
 MMIO = str(ROOT / "vm_images" / "microvm-mmio.toml")

@@ -19,7 +19,7 @@ from userspace_runtime import (
     Event,
     UseAfterFreeError,
 )
-from userspace_runtime.workloads import mlp
+from virtaccel.guests import mlp
 
 SEED = 1234
 

@@ -15,7 +15,7 @@ from guest_driver import uapi
 from hwspec import isa, va1
 from hwspec.isa import Opcode
 from userspace_runtime import CommandBufferBuilder, Device, DeviceError, DriverError
-from userspace_runtime.workloads import mlp
+from virtaccel.guests import mlp
 
 import rt_stack
 

@@ -1,4 +1,4 @@
-"""Fixtures of the multi-tenant test kit (vmm.testing.tenants): a host with one VA-1
+"""Fixtures of the multi-tenant test kit (virtaccel.testing.tenants): a host with one VA-1
 card, N VFs provisioned through the admin queue and bound to vfio-pci, one VM per VF.
 
 Seeds are pinned; a failing test prints the seed that replays it (every assertion
@@ -11,7 +11,7 @@ import pytest
 
 from device_model import Va1Config
 from vmm.sriov import VfResources
-from vmm.testing.tenants import TenantBed
+from virtaccel.testing.tenants import TenantBed
 
 SEED = 20261122
 SMALL_VF = VfResources(device_memory=16 << 20, num_submit_queues=2, max_contexts=16,

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from vmm.testing.tenants import check_victim, jain, victim_program
-from vmm.images import tenant_seed
-from vmm.tenants.scenario import Scenario, run_tenants
+from virtaccel.testing.tenants import check_victim, jain, victim_program
+from virtaccel.images import tenant_seed
+from virtaccel.suites.tenants import Scenario, run_tenants
 
 from .conftest import SEED
 

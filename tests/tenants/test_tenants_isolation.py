@@ -8,11 +8,11 @@ from typing import Any, Callable
 
 import pytest
 
-from vmm.images import tenant_seed
+from virtaccel.images import tenant_seed
 from vmm.iommu import format_bdf
 from vmm.sriov import VfResources
-from vmm.tenants import attacks
-from vmm.testing.tenants import AttackOutcome, TenantBed, check_victim, percentile, run_attack
+from virtaccel.guests import attacks
+from virtaccel.testing.tenants import AttackOutcome, TenantBed, check_victim, percentile, run_attack
 
 from .conftest import SEED, SMALL_VF
 
@@ -214,7 +214,7 @@ def test_malicious_pf_request_naming_a_vf_that_does_not_exist(make_bed) -> None:
 
     bed.spawn_host(host_attacker, "host-attacker")
     seeds = {n: tenant_seed(SEED, n) for n in (1, 2, 3)}
-    from vmm.testing.tenants import victim_program
+    from virtaccel.testing.tenants import victim_program
     results = bed.run([victim_program(seeds[n], **VICTIMS) for n in (1, 2, 3)])
     assert all(r.error is None for r in results)
     assert all(check_victim(r.result, seeds[r.index]) for r in results), f"seed {SEED}"

@@ -15,7 +15,7 @@ from vmm.host import Host
 from vmm.iommu import bdf, format_bdf
 from vmm.machine import Machine
 from vmm.sriov import SriovError, VfResources, find_ext_cap
-from vmm.testing.fake_card import FakePfDriver, fake_card_factory
+from virtaccel.testing.fake_card import FakePfDriver, fake_card_factory
 
 SEED = 4242
 

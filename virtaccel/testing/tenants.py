@@ -21,14 +21,14 @@ from typing import Any, Callable, Sequence
 
 from device_model import Va1Config
 
-from ..host import CardFactory, Host, HostPciFunction, PfDriverFactory
+from vmm.host import CardFactory, Host, HostPciFunction, PfDriverFactory
 from ..images import tenant_seed
-from ..iommu import format_bdf
-from ..machine import GuestTask, Machine
-from ..sriov import VfResources
-from ..tenants.guest import checked_gemm, expected_checksums
-from ..trace import TraceEvent
-from ..vm import Vm
+from vmm.iommu import format_bdf
+from vmm.machine import GuestTask, Machine
+from vmm.sriov import VfResources
+from ..guests.tenant import checked_gemm, expected_checksums
+from vmm.trace import TraceEvent
+from vmm.vm import Vm
 
 Program = Callable[[Any], Any]   # os -> result
 
@@ -218,7 +218,7 @@ class TenantBed:
 # -- programs ------------------------------------------------------------------------------
 
 def victim_program(seed: int, **kw: Any) -> Program:
-    """A closed-loop checked-GEMM tenant (see vmm.tenants.guest.checked_gemm)."""
+    """A closed-loop checked-GEMM tenant (see virtaccel.guests.tenant.checked_gemm)."""
     if not kw.get("duration_ns"):
         kw.setdefault("count", 8)
     return lambda os_: checked_gemm(os_, seed, **kw)

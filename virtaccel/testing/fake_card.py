@@ -17,7 +17,7 @@ from device_model.ports import MsiPort
 from hwspec import pci as P
 from hwspec import va1 as A
 
-from ..sriov import HostSriovPlatform, SriovError, VfResources
+from vmm.sriov import HostSriovPlatform, SriovError, VfResources
 
 CAP = P.EXT_CAP_START
 

@@ -10,9 +10,9 @@ import pytest
 
 from device_model import Va1Config
 from guest_driver import uapi
-from vmm.bench import Sizes
-from vmm.bench.cases import _vf_resources, _vm_workload, dma, vm_scaling
-from vmm.bench.vms import SriovFleet, run_in_vm
+from virtaccel.bench import Sizes
+from virtaccel.bench.cases import _vf_resources, _vm_workload, dma, vm_scaling
+from virtaccel.bench.vms import SriovFleet, run_in_vm
 from vmm.vm import Vm
 
 

@@ -20,7 +20,7 @@ every bad field gets an error naming the file and the field. Format (README, "VM
     num_compute_units = 4
 
     [program]                        # optional
-    entry = "userspace_runtime.workloads.mlp:main"   # module:function
+    entry = "virtaccel.guests.mlp:main"   # module:function
     [program.args]                   # keyword arguments, called as entry(os, seed=, **args)
     batch = 64
 
@@ -42,7 +42,7 @@ the image seed and the VF number):
     name = "alice"                   # the VM's name (unique)
     memory = "32M"                   # optional, overrides machine.memory
     resources = { weight = 2 }       # optional, overrides accelerator.resources
-    entry = "vmm.tenants.guest:checked_gemm"   # optional, overrides program.entry
+    entry = "virtaccel.guests.tenant:checked_gemm"   # optional, overrides program.entry
     args = { count = 16 }            # optional, merged over program.args
 """
 from __future__ import annotations
@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-DEFAULT_PROGRAM = "userspace_runtime.workloads.mlp:main"
+DEFAULT_PROGRAM = "virtaccel.guests.mlp:main"
 MODES = ("emulated", "passthrough", "sriov-vf")
 MAX_TOTAL_VFS = 64
 TRANSPORTS = ("mmio", "pci")
@@ -206,7 +206,7 @@ def parse_image(doc: dict[str, Any], path: str = "<image>") -> VmImage:
     entry = c.typed(prog.get("entry", DEFAULT_PROGRAM), "program.entry", str, "text")
     if not _ENTRY.match(entry):
         raise c.fail("program.entry", f"{entry!r} is not \"module:function\" "
-                                      "(e.g. \"userspace_runtime.workloads.mlp:main\")")
+                                      "(e.g. \"virtaccel.guests.mlp:main\")")
     args = dict(c.table(prog, "args", "program."))
     if "seed" in args:
         raise c.fail("program.args.seed", "the seed is given by the image's seed or --seed")
@@ -237,7 +237,7 @@ def _memory(c: _Checker, raw: Any, where: str) -> int:
 
 def _resources(c: _Checker, table: dict[str, Any], where: str) -> dict[str, int]:
     """VF resources: hwspec.va1.VF_RESOURCES names; device_memory may be a size text."""
-    from .sriov import VfResources
+    from vmm.sriov import VfResources
     names = VfResources.field_names()
     c.keys(table, where, names)
     out: dict[str, int] = {}
@@ -344,8 +344,8 @@ def build_vm(image: VmImage, machine: Any) -> tuple[Any, Any]:
     """Build the image's VM (and host, for passthrough) on `machine`: (vm, host|None)."""
     from device_model import Va1Config
 
-    from .host import Host
-    from .vm import Vm
+    from vmm.host import Host
+    from vmm.vm import Vm
     if image.accelerator.mode == "sriov-vf":
         raise ImageError(f"{image.path}: an sriov-vf image has many VMs: use build_tenants")
     vm = Vm(machine, image.name, ram_size=image.memory, exit_cost_ns=image.exit_cost_ns)
@@ -368,9 +368,9 @@ def build_tenants(image: VmImage, machine: Any, card_factory: Any = None,
     main-thread mode) and its tenant VMs, VF n assigned to the n-th: (host, vms)."""
     from device_model import Va1Config
 
-    from .host import Host
-    from .sriov import SriovError, VfResources
-    from .vm import Vm
+    from vmm.host import Host
+    from vmm.sriov import SriovError, VfResources
+    from vmm.vm import Vm
     host = Host(machine)
     if pf_driver_factory is not None:
         host.pf_driver_factory = pf_driver_factory
@@ -399,7 +399,7 @@ def tenant_seed(seed: int, vf: int) -> int:
 
 def _run_tenants(image: VmImage, seed: int, keep_trace: bool, card_factory: Any,
                  pf_driver_factory: Any) -> ImageRun:
-    from .machine import Machine
+    from vmm.machine import Machine
     programs = [resolve_entry(image.path, t.entry, f"tenant[{t.index - 1}].entry")
                 for t in image.tenants]
     machine = Machine(seed, keep_trace=keep_trace)
@@ -443,7 +443,7 @@ def run_image(image: VmImage, seed: int | None = None, keep_trace: bool = False,
     """Boot the image, run its program as program(os, seed=seed, **args) in a guest task
     (sriov-vf: every tenant VM's program, each in its own guest task; the result is
     {"ok": all ok, "tenants": {name: result}})."""
-    from .machine import Machine
+    from vmm.machine import Machine
     seed = image.seed if seed is None else seed
     if image.accelerator.mode == "sriov-vf":
         return _run_tenants(image, seed, keep_trace, card_factory, pf_driver_factory)

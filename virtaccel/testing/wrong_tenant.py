@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..tenants.guest import checked_gemm, verify
+from ..guests.tenant import checked_gemm, verify
 
 
 def main(os: Any, seed: int = 0, **kw: Any) -> dict[str, Any]:

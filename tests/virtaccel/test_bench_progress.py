@@ -1,9 +1,9 @@
-"""vmm.cli.progress: a bar on a terminal, nothing when piped."""
+"""virtaccel.cli.progress: a bar on a terminal, nothing when piped."""
 from __future__ import annotations
 
 import io
 
-from vmm.cli.progress import Progress
+from virtaccel.cli.progress import Progress
 
 
 class FakeTty(io.StringIO):

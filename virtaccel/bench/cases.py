@@ -16,7 +16,7 @@ from device_model import Va1Config
 from guest_driver import uapi
 from guest_driver.uapi import GuestOS
 
-from ..sriov import VfResources
+from vmm.sriov import VfResources
 from . import ring as bare
 from .profile import ProfileSet
 from .rows import Row, best, cost_row, median, missing_row, rate_row, speed_row
@@ -125,7 +125,7 @@ def mlp(sz: Sizes, profiles: ProfileSet | None = None) -> Row:
     """(b) the demo MLP end to end: upload x and the weights, two GEMMs with fused bias and
     ReLU, download y, synchronize; vs the same MLP in numpy (workloads.mlp.reference)."""
     rt = _runtime()
-    from userspace_runtime.workloads import mlp as wl
+    from virtaccel.guests import mlp as wl
 
     batch, sizes = sz.mlp_batch, sz.mlp_sizes
     d0, d1, d2 = sizes
@@ -368,7 +368,7 @@ def nop_rate(sz: Sizes, profiles: ProfileSet | None = None) -> Row:
 # --- (f) VM scaling -------------------------------------------------------------------------
 
 def _vm_workload(seed: int) -> Callable[[GuestOS], Any]:
-    from userspace_runtime.workloads import mlp as wl
+    from virtaccel.guests import mlp as wl
 
     def program(os_: GuestOS) -> Any:
         r = wl.main(os_, seed=seed, batch=16, sizes=(64, 128, 32))

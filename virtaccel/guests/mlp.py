@@ -14,7 +14,7 @@ import numpy as np
 from guest_driver import uapi
 from hwspec import va1
 
-from .. import Buffer, Context, Device, Stream
+from userspace_runtime import Buffer, Context, Device, Stream
 
 TOLERANCE = 1e-4
 

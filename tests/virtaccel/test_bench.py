@@ -11,13 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from vmm.bench import CASES, Sizes, format_table, run_bench, to_json, validate_json
-from vmm.bench.png import PNG_SIGNATURE, bar_chart, encode_png, read_png_chunks, write_chart
-from vmm.bench.ring import BareRing, batch, round_trip
-from vmm.bench.rows import (ROW_FIELDS, best, cost_row, median, missing_row, rate_row,
+from virtaccel.bench import CASES, Sizes, format_table, run_bench, to_json, validate_json
+from virtaccel.bench.png import PNG_SIGNATURE, bar_chart, encode_png, read_png_chunks, write_chart
+from virtaccel.bench.ring import BareRing, batch, round_trip
+from virtaccel.bench.rows import (ROW_FIELDS, best, cost_row, median, missing_row, rate_row,
                             speed_row)
-from vmm.bench.runner import png_path_for, write_outputs
-from vmm.cli import main
+from virtaccel.bench.runner import png_path_for, write_outputs
+from virtaccel.cli import main
 
 
 # --- rows from fake timings -------------------------------------------------------------
@@ -185,7 +185,7 @@ def test_cli_bench_smoke_writes_json_and_png(tmp_path: Path,
 
 
 def test_phase_recorder_pairs_consecutive_events_within_iterations() -> None:
-    from vmm.bench.profile import PhaseRecorder
+    from virtaccel.bench.profile import PhaseRecorder
     from vmm.machine import Machine
 
     m = Machine(0)

@@ -6,10 +6,10 @@ from typing import Any, Callable, Sequence
 from device_model import Va1Config
 from guest_driver.uapi import GuestOS
 
-from ..host import Host, HostPciFunction
-from ..machine import Machine
-from ..sriov import VfResources
-from ..vm import PassthroughVa1, Vm
+from vmm.host import Host, HostPciFunction
+from vmm.machine import Machine
+from vmm.sriov import VfResources
+from vmm.vm import PassthroughVa1, Vm
 
 ATTACHMENTS = ("mmio", "passthrough")
 

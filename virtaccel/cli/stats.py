@@ -20,9 +20,9 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..machine import Machine
-from ..trace import TraceEvent
-from ..vm import Vm
+from vmm.machine import Machine
+from vmm.trace import TraceEvent
+from vmm.vm import Vm
 
 _SUBMIT_KINDS = ("submit_start", "submit_end", "cmd", "cmd_fault", "cmd_invalid",
                  "context_fault", "irq")
@@ -160,7 +160,7 @@ class StatsCollector:
 def run_stats(seed: int = 0) -> tuple[StatsCollector, dict[str, Any]]:
     """Run the demo MLP in one VM, read GET_STATS through the uAPI at the end."""
     from userspace_runtime import Device
-    from userspace_runtime.workloads import mlp
+    from virtaccel.guests import mlp
 
     machine = Machine(seed)
     vm = Vm(machine, "vm0")

@@ -295,5 +295,5 @@ __all__ = ["Accel", "CheckedGemm", "Report", "checked_gemm", "checksum", "call_c
            "wait_command", "errno"]
 
 
-checked_gemm.verify = verify  # type: ignore[attr-defined]   # vmm.images checks results with it
+checked_gemm.verify = verify  # type: ignore[attr-defined]   # virtaccel.images checks results with it
 victim.verify = verify  # type: ignore[attr-defined]

@@ -14,8 +14,8 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from ..machine import Machine
-from ..vm import Vm
+from vmm.machine import Machine
+from vmm.vm import Vm
 
 _ALL_DTYPES = 0xF  # F32, F16, I8, I32
 

@@ -19,7 +19,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from .trace import Trace, TraceEvent
+from vmm.trace import Trace, TraceEvent
 
 VM_TRACKS = ("cpu", "irq", "kernel", "iommu")
 _SPAN_KINDS = ("submit_start", "submit_end", "cmd")

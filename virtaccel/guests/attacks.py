@@ -26,7 +26,7 @@ from hwspec import virtio_pci as VP
 from hwspec.va1 import Status
 from userspace_runtime.commands import CommandBufferBuilder
 
-from .guest import Accel, call_command, checked_gemm, guest_now, wait_command
+from .tenant import Accel, call_command, checked_gemm, guest_now, wait_command
 
 DEV = "/dev/accel/accel0"
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from vmm.images import DEFAULT_PROGRAM, ImageError, load_image, parse_image, parse_size, resolve_program
+from virtaccel.images import DEFAULT_PROGRAM, ImageError, load_image, parse_image, parse_size, resolve_program
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -70,7 +70,7 @@ def mutate(path: str, value: Any) -> dict[str, Any]:
     ("accelerator.config.num_compute_units", "4", "accelerator.config.num_compute_units", "integer"),
     ("accelerator.config.warp_drive", 1, "accelerator.config.warp_drive", "unknown key"),
     ("accelerator.config.num_compute_units", 0, "accelerator.config", "at least one"),
-    ("program.entry", "userspace_runtime.workloads.mlp", "program.entry", "module:function"),
+    ("program.entry", "virtaccel.guests.mlp", "program.entry", "module:function"),
     ("program.entry", "a b:c", "program.entry", "module:function"),
     ("program.entry", 3, "program.entry", "text"),
     ("program.args", [1], "program.args", "table"),
@@ -110,6 +110,6 @@ def test_unresolvable_program_is_named() -> None:
     img = parse_image(mutate("program.entry", "no_such_module_xyz:main"), "i.toml")
     with pytest.raises(ImageError, match="cannot import 'no_such_module_xyz'"):
         resolve_program(img)
-    img = parse_image(mutate("program.entry", "userspace_runtime.workloads.mlp:nope"), "i.toml")
+    img = parse_image(mutate("program.entry", "virtaccel.guests.mlp:nope"), "i.toml")
     with pytest.raises(ImageError, match="no function 'nope'"):
         resolve_program(img)

@@ -7,9 +7,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..machine import Machine
-from ..trace import TraceEvent, write_chrome_trace
-from ..vm import Vm
+from vmm.machine import Machine
+from vmm.trace import TraceEvent
+
+from ..trace_export import write_chrome_trace
+from vmm.vm import Vm
 
 ATOL = 1e-4
 
@@ -29,7 +31,7 @@ class DemoReport:
 
 
 def run_demo(seed: int = 0, trace_path: str | None = None) -> DemoReport:
-    from userspace_runtime.workloads import mlp
+    from virtaccel.guests import mlp
 
     machine = Machine(seed, keep_trace=trace_path is not None)
     vm = Vm(machine, "vm0")

@@ -1,7 +1,7 @@
 """The saturating multi-tenant scenario behind `virtaccel tenants`.
 
 N VFs with scheduling weights W1..WN, one tenant VM each. Every tenant runs checked
-GEMMs (vmm.tenants.guest) on all its submit queues, `depth` submissions in flight on
+GEMMs (virtaccel.guests.tenant) on all its submit queues, `depth` submissions in flight on
 each, for `duration_ns` of virtual time: the device is saturated, so what each VF gets
 is what the card's weighted fair queueing gives it. With an aggressor K, tenant K floods
 instead (every queue at the driver's maximum depth, heavier submissions) and the others
@@ -22,9 +22,9 @@ from typing import Any, Sequence
 from device_model import Va1Config
 
 from ..images import tenant_seed
-from ..sriov import VfResources
+from vmm.sriov import VfResources
 from ..testing.tenants import TenantBed, check_victim, jain, percentile
-from .guest import checked_gemm
+from ..guests.tenant import checked_gemm
 
 DEFAULT_DURATION_NS = 1_000_000
 FLOOD_DEPTH = 64           # per queue: 128 descriptors of a 256-entry ring

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from vmm.images import ImageError, load_image, parse_image, run_image, tenant_seed
-from vmm.tenants.guest import expected_checksums
-from vmm.testing.fake_card import FakePfDriver, fake_card_factory
+from virtaccel.images import ImageError, load_image, parse_image, run_image, tenant_seed
+from virtaccel.guests.tenant import expected_checksums
+from virtaccel.testing.fake_card import FakePfDriver, fake_card_factory
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -17,7 +17,7 @@ def doc(**over: Any) -> dict[str, Any]:
     d: dict[str, Any] = {
         "name": "t", "machine": {"memory": "8M"},
         "accelerator": {"mode": "sriov-vf", "resources": {"device_memory": "16M"}},
-        "program": {"entry": "vmm.tenants.guest:checked_gemm", "args": {"count": 2}},
+        "program": {"entry": "virtaccel.guests.tenant:checked_gemm", "args": {"count": 2}},
         "tenant": [{"name": "a"}, {"name": "b", "memory": "16M", "resources": {"weight": 3},
                                    "args": {"count": 3}}],
     }
@@ -89,7 +89,7 @@ def test_run_checks_every_tenant_against_numpy_and_is_deterministic() -> None:
 
 def test_a_wrong_result_fails_the_run() -> None:
     d = doc()
-    d["tenant"][1]["entry"] = "vmm.testing.wrong_tenant:main"
+    d["tenant"][1]["entry"] = "virtaccel.testing.wrong_tenant:main"
     img = parse_image(d, "x.toml")
     r = run_image(img)
     assert not r.ok and r.result["tenants"]["b"]["correct"] is False

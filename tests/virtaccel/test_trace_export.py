@@ -6,11 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from vmm.cli import main
-from vmm.cli.demo import run_demo
+from virtaccel.cli import main
+from virtaccel.cli.demo import run_demo
 from vmm.machine import Machine
-from vmm.trace import Trace, TraceEvent, write_chrome_trace
-from vmm.trace_export import chrome_trace, nesting_problems
+from vmm.trace import Trace, TraceEvent
+from virtaccel.trace_export import write_chrome_trace
+from virtaccel.trace_export import chrome_trace, nesting_problems
 
 PHASES = {"X", "i", "M"}
 

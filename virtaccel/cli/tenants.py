@@ -1,5 +1,5 @@
 """`virtaccel tenants --vfs N --weights W1,...,WN [--aggressor K] [--seed S] --json FILE`:
-a saturating multi-tenant run on one VA-1 card (vmm.tenants.scenario)."""
+a saturating multi-tenant run on one VA-1 card (virtaccel.suites.tenants)."""
 from __future__ import annotations
 
 import argparse
@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from ..tenants.scenario import DEFAULT_DURATION_NS, Scenario, ScenarioError, format_table, \
+from ..suites.tenants import DEFAULT_DURATION_NS, Scenario, ScenarioError, format_table, \
     parse_weights, run_tenants
 
 

@@ -1,1 +1,0 @@
-"""Guest programs (VM images name them as module:function) built on the runtime."""

@@ -1,0 +1,1 @@
+"""Scenario suites run against a whole machine (tenants, later hostile and explore)."""
