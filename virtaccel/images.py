@@ -55,6 +55,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from .errors import ImageError
+from .session import tenant_seed
+
+__all__ = ["ImageError", "ImageRun", "VmImage", "load_image", "parse_image", "run_image",
+           "tenant_seed"]
+
 DEFAULT_PROGRAM = "virtaccel.guests.mlp:main"
 MODES = ("emulated", "passthrough", "sriov-vf")
 MAX_TOTAL_VFS = 64
@@ -65,10 +71,6 @@ MAX_MEMORY = 3 << 30   # guest RAM sits below the 32-bit MMIO hole (0xC0000000)
 _ENTRY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
 _SIZE = re.compile(r"^\s*(\d+)\s*([KMG]i?B?|B)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-
-
-class ImageError(ValueError):
-    """A VM image that cannot be used; the message names the file and the field."""
 
 
 @dataclass(frozen=True)
@@ -340,86 +342,53 @@ class ImageRun:
         return self.error is None and isinstance(self.result, dict) and self.result.get("ok") is True
 
 
-def build_vm(image: VmImage, machine: Any) -> tuple[Any, Any]:
-    """Build the image's VM (and host, for passthrough) on `machine`: (vm, host|None)."""
-    from device_model import Va1Config
-
-    from vmm.host import Host
-    from vmm.vm import Vm
-    if image.accelerator.mode == "sriov-vf":
-        raise ImageError(f"{image.path}: an sriov-vf image has many VMs: use build_tenants")
-    vm = Vm(machine, image.name, ram_size=image.memory, exit_cost_ns=image.exit_cost_ns)
-    config = Va1Config(**image.accelerator.config)
-    host = None
-    acc = image.accelerator
-    if acc.mode == "emulated" and acc.transport == "mmio":
-        vm.attach_va1_mmio(config)
-    elif acc.mode == "emulated":
-        vm.attach_va1_pci(config)
+def run_image(image: VmImage, seed: int | None = None, keep_trace: bool = False, *,
+              card_factory: Any = None, pf_driver_factory: Any = None) -> ImageRun:
+    """Boot the image, run its program as program(os, seed=seed, **args) in a guest task
+    (sriov-vf: every tenant VM's program, each in its own guest task, seeded per VF; the
+    result is {"ok": all ok, "tenants": {name: result}})."""
+    from .errors import LaunchError
+    from .session import Session
+    seed = image.seed if seed is None else seed
+    if image.tenants:
+        programs = [resolve_entry(image.path, t.entry, f"tenant[{t.index - 1}].entry")
+                    for t in image.tenants]
+        names = [t.name for t in image.tenants]
+        arglists = [dict(t.args) for t in image.tenants]
     else:
-        host = Host(machine)
-        vm.attach_va1_passthrough(host, host.add_va1(config))
-    return vm, host
-
-
-def build_tenants(image: VmImage, machine: Any, card_factory: Any = None,
-                  pf_driver_factory: Any = None) -> tuple[Any, list[Any]]:
-    """An sriov-vf image's host (card, VFs enabled, provisioned and bound to vfio-pci in
-    main-thread mode) and its tenant VMs, VF n assigned to the n-th: (host, vms)."""
-    from device_model import Va1Config
-
-    from vmm.host import Host
-    from vmm.sriov import SriovError, VfResources
-    from vmm.vm import Vm
-    host = Host(machine)
-    if pf_driver_factory is not None:
-        host.pf_driver_factory = pf_driver_factory
-    acc = image.accelerator
-    options: dict[str, Any] = {}
-    if acc.total_vfs is not None:
-        options["total_vfs"] = acc.total_vfs
+        programs = [resolve_program(image)]
+        names = [image.name]
+        arglists = [dict(image.args)]
+    session = Session.from_image(image, seed=seed, keep_trace=keep_trace,
+                                 card_factory=card_factory, pf_driver_factory=pf_driver_factory)
     try:
-        pf = host.add_va1_card(Va1Config(**acc.config), card_factory=card_factory, **options)
-        vfs = host.enable_sriov(len(image.tenants),
-                                [VfResources(**t.resources) for t in image.tenants], pf=pf)
-    except (SriovError, ValueError, TypeError) as e:
-        raise ImageError(f"{image.path}: accelerator: {e}") from None
-    vms = []
-    for t, vf in zip(image.tenants, vfs):
-        vm = Vm(machine, t.name, ram_size=t.memory, exit_cost_ns=image.exit_cost_ns)
-        vm.attach_va1_passthrough(host, vf)
-        vms.append(vm)
-    return host, vms
+        session.launch()
+    except LaunchError as e:
+        raise ImageError(f"{image.path}: accelerator: {e.__cause__}") from None
+    with session:
+        tasks = []
+        for i, (prog, name, args) in enumerate(zip(programs, names, arglists)):
+            pseed = session.program_seed(i)
+            tasks.append(session.spawn(
+                lambda os_, prog=prog, pseed=pseed, args=args: prog(os_, seed=pseed, **args),
+                vm=i, name=name))
+        session.run_tasks()
+    if not image.tenants:
+        task = tasks[0]
+        result, error = task.result, task.error
+    else:
+        result, error = _tenant_results(image, session, tasks, programs)
+    return ImageRun(image, seed, result, error, session.now_ns(), session.digest(),
+                    session.exits, session.direct_accesses, list(session.trace.events))
 
 
-def tenant_seed(seed: int, vf: int) -> int:
-    """The data seed of tenant VF `vf` in a run seeded `seed`."""
-    return (seed * 1_000_003 + vf) % (1 << 63)
-
-
-def _run_tenants(image: VmImage, seed: int, keep_trace: bool, card_factory: Any,
-                 pf_driver_factory: Any) -> ImageRun:
-    from vmm.machine import Machine
-    programs = [resolve_entry(image.path, t.entry, f"tenant[{t.index - 1}].entry")
-                for t in image.tenants]
-    machine = Machine(seed, keep_trace=keep_trace)
-    host, vms = build_tenants(image, machine, card_factory, pf_driver_factory)
-    tasks = []
-    for t, vm, prog in zip(image.tenants, vms, programs):
-        tseed = tenant_seed(seed, t.index)
-        tasks.append(vm.spawn_program(
-            lambda os_, prog=prog, tseed=tseed, args=dict(t.args): prog(os_, seed=tseed, **args),
-            name=t.name))
-    try:
-        machine.run_tasks()
-    finally:
-        for vm in vms:
-            vm.close()
-        host.close()
+def _tenant_results(image: VmImage, session: Any, tasks: list[Any], programs: list[Any]
+                    ) -> tuple[dict[str, Any], BaseException | None]:
+    """{"ok", "tenants": {name: result}}, each checked by its program's `verify`."""
     results: dict[str, Any] = {}
     error: BaseException | None = None
     ok = True
-    for t, task, prog in zip(image.tenants, tasks, programs):
+    for i, (t, task, prog) in enumerate(zip(image.tenants, tasks, programs)):
         if task.error is not None:
             results[t.name] = {"ok": False, "error": f"{type(task.error).__name__}: {task.error}"}
             error = error or task.error
@@ -429,32 +398,8 @@ def _run_tenants(image: VmImage, seed: int, keep_trace: bool, card_factory: Any,
         verify = getattr(prog, "verify", None)
         if isinstance(r, dict) and verify is not None:
             r = dict(r)
-            r["correct"] = bool(verify(r, tenant_seed(seed, t.index)))
+            r["correct"] = bool(verify(r, session.program_seed(i)))
             r["ok"] = bool(r.get("ok")) and r["correct"]
         ok = ok and isinstance(r, dict) and r.get("ok") is True
         results[t.name] = r
-    return ImageRun(image, seed, {"ok": ok, "tenants": results}, error, machine.now_ns(),
-                    machine.trace.digest(), sum(vm.mmio.exits for vm in vms),
-                    sum(vm.mmio.direct_accesses for vm in vms), list(machine.trace.events))
-
-
-def run_image(image: VmImage, seed: int | None = None, keep_trace: bool = False, *,
-              card_factory: Any = None, pf_driver_factory: Any = None) -> ImageRun:
-    """Boot the image, run its program as program(os, seed=seed, **args) in a guest task
-    (sriov-vf: every tenant VM's program, each in its own guest task; the result is
-    {"ok": all ok, "tenants": {name: result}})."""
-    from vmm.machine import Machine
-    seed = image.seed if seed is None else seed
-    if image.accelerator.mode == "sriov-vf":
-        return _run_tenants(image, seed, keep_trace, card_factory, pf_driver_factory)
-    program = resolve_program(image)
-    machine = Machine(seed, keep_trace=keep_trace)
-    vm, _host = build_vm(image, machine)
-    args = dict(image.args)
-    task = vm.spawn_program(lambda os_: program(os_, seed=seed, **args), name=image.name)
-    try:
-        machine.run_tasks()
-    finally:
-        vm.close()
-    return ImageRun(image, seed, task.result, task.error, machine.now_ns(), machine.trace.digest(),
-                    vm.mmio.exits, vm.mmio.direct_accesses, list(machine.trace.events))
+    return {"ok": ok, "tenants": results}, error

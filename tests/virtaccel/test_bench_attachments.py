@@ -11,12 +11,11 @@ import pytest
 from device_model import Va1Config
 from guest_driver import uapi
 from virtaccel.bench import Sizes
-from virtaccel.bench.cases import _vf_resources, _vm_workload, dma, vm_scaling
-from virtaccel.bench.vms import SriovFleet, run_in_vm
-from vmm.vm import Vm
+from virtaccel import Session
+from virtaccel.bench.cases import _vm_workload, dma, sriov_fleet, vm_scaling
 
 
-def test_run_in_vm_passthrough_does_its_dma_through_the_assigned_host_function() -> None:
+def test_vfio_session_does_its_dma_through_the_assigned_host_function() -> None:
     nbytes = 64 << 10
     seen: dict[str, Any] = {}
 
@@ -34,43 +33,40 @@ def test_run_in_vm_passthrough_does_its_dma_through_the_assigned_host_function()
             ctx.destroy()
         return ok
 
-    def inspect(vm: Vm) -> None:
+    with Session(attach="vfio", memory=32 << 20,
+                 config=Va1Config(device_memory_size=8 << 20)) as s:
+        assert s.run(program) is True
+        vm = s.vm
         seen["mmio"] = list(vm.accelerators)
         (pt,) = vm.passthrough
         hf = pt.host_function
         seen["dma"] = (hf.dma.bytes_read, hf.dma.bytes_written)
         seen["group"] = hf.group is not None and hf.group.container is pt.container
-
-    assert run_in_vm(program, ram_size=32 << 20, attachment="passthrough",
-                     config=Va1Config(device_memory_size=8 << 20), inspect=inspect) is True
     assert seen["mmio"] == []  # no emulated VA-1: the guest drives the assigned function
     # ring and request reads go through the host function's IommuDma (bulk H2D is a view)
     assert seen["dma"][0] > 0 and seen["dma"][1] >= nbytes
     assert seen["group"] is True
 
 
-def test_run_in_vm_rejects_an_unknown_attachment() -> None:
-    with pytest.raises(ValueError, match="attachment"):
-        run_in_vm(lambda os_: None, attachment="iommu")
+def test_session_rejects_an_unknown_attachment() -> None:
+    with pytest.raises(ValueError, match="attach 'iommu'"):
+        Session(attach="iommu")
 
 
 def test_sriov_fleet_gives_each_vm_its_own_vf_and_iommu_domain() -> None:
     sz = Sizes.smoke()
-    fleet = SriovFleet(3, ram_size=sz.vm_ram, resources=_vf_resources(sz), card_vfs=4)
-    try:
+    with sriov_fleet(3, sz) as fleet:
         assert [vf.vf_index for vf in fleet.vfs] == [1, 2, 3]
         assert [vm.passthrough[0].host_function for vm in fleet.vms] == fleet.vfs
         assert all(vm.accelerators == [] for vm in fleet.vms)
         domains = [fleet.host.iommu.domain_of(vf.requester_id) for vf in fleet.vfs]
         assert None not in domains and len({id(d) for d in domains}) == 3
-        results = fleet.run([_vm_workload(i) for i in range(3)])
-        assert [r["ok"] for r in results] == [True] * 3
+        tasks = fleet.run_all([_vm_workload(i) for i in range(3)])
+        assert [t.result["ok"] for t in tasks] == [True] * 3
         assert all(vf.dma.bytes_read > 0 and vf.dma.bytes_written > 0 for vf in fleet.vfs)
         assert fleet.host.iommu.fault_count == 0
-        with pytest.raises(ValueError):
-            fleet.run([_vm_workload(0)])
-    finally:
-        fleet.close()
+        with pytest.raises(ValueError, match="1 programs for 3 VMs"):
+            fleet.run_all([_vm_workload(0)])
 
 
 def test_dma_and_scaling_rows_name_their_attachments() -> None:

@@ -17,10 +17,11 @@ from guest_driver import uapi
 from guest_driver.uapi import GuestOS
 
 from vmm.sriov import VfResources
+
+from ..session import Session
 from . import ring as bare
 from .profile import ProfileSet
 from .rows import Row, best, cost_row, median, missing_row, rate_row, speed_row
-from .vms import SriovFleet, run_in_vm
 
 _pc = time.perf_counter
 PROFILE_REPS = 20  # repetitions run under the profiler when a row misses its target
@@ -61,6 +62,18 @@ class Sizes:
                    dma_bytes=64 << 10, dma_reps=2, null_reps=3, ring_loops=2,
                    ring_loop_len=10, nop_per_buffer=16, nop_buffers=2, nop_reps=2,
                    ring_batch=16, vms_small=1, vms_large=2, vm_reps=1)
+
+
+def run_in_vm(program: Callable[[GuestOS], Any], *, attach: str = "mmio",
+              memory: int = 256 * _MIB, config: Va1Config | None = None,
+              profiles: ProfileSet | None = None) -> Any:
+    """`program(os)` in one VM with one VA-1 (`attach`: "mmio" emulated, "vfio" a host
+    function assigned by VFIO); its result. With `profiles`, the phase recorder watches
+    the trace."""
+    with Session(attach=attach, memory=memory, config=config) as session:
+        if profiles is not None:
+            profiles.attach(session.machine)
+        return session.run(program, name="bench")
 
 
 def _runtime() -> Any:
@@ -245,9 +258,9 @@ def dma(sz: Sizes, profiles: ProfileSet | None = None) -> list[Row]:
             drv.bo_free(handle)
         return t
 
-    t = run_in_vm(program, ram_size=max(256 * _MIB, 3 * nbytes + 32 * _MIB),
+    t = run_in_vm(program, memory=max(256 * _MIB, 3 * nbytes + 32 * _MIB),
                   config=Va1Config(device_memory_size=max(256 * _MIB, 2 * nbytes)),
-                  attachment="passthrough", profiles=profiles)
+                  attach="vfio", profiles=profiles)
     mib = nbytes / _MIB
     note = (f"{mib:g} MiB, one DMA command, submit+wait; VFIO passthrough of a host VA-1 "
             f"function (vfio-pci, guest RAM mapped at IOVA=GPA, DMA through the host "
@@ -383,29 +396,38 @@ def _vf_resources(sz: Sizes) -> VfResources:
     return VfResources(device_memory=sz.vm_device_memory, num_submit_queues=1, max_contexts=2)
 
 
+def sriov_fleet(count: int, sz: Sizes) -> Session:
+    """One host with one VA-1 card laid out for `max(vms_large, vms_small)` VFs whatever
+    `count` is (so fleets of both sizes share one card layout), `count` VFs enabled,
+    each assigned by VFIO to its own VM."""
+    slots = max(count, sz.vms_large, sz.vms_small)
+    pf_memory = 16 * _MIB
+    return Session(attach="sriov", vms=count, memory=sz.vm_ram, resources=_vf_resources(sz),
+                   card_options={"memory_size": pf_memory + slots * sz.vm_device_memory,
+                                 "pf_memory": pf_memory})
+
+
 def vm_fleet(count: int, sz: Sizes, profiles: ProfileSet | None = None) -> float:
     """Wall seconds to build one host with one VA-1 card, enable `count` VFs, assign each
     by VFIO to its own VM and run the small workload in all of them on one machine, start
-    to finish. The card is laid out for `vms_large` VFs whatever `count` is. With
-    `profiles`, each guest task profiles itself (the host thread only waits for them)."""
+    to finish. With `profiles`, each guest task profiles itself (the host thread only
+    waits for them)."""
     t0 = _pc()
-    fleet = SriovFleet(count, ram_size=sz.vm_ram, resources=_vf_resources(sz),
-                       card_vfs=max(sz.vms_large, sz.vms_small))
-    try:
-        programs = []
-        for i in range(count):
-            prog = _vm_workload(i)
-            if profiles is not None:
-                def prof_prog(os_: GuestOS, prog: Callable[[GuestOS], Any] = prog,
-                              ps: ProfileSet = profiles) -> Any:
-                    with ps.section():
-                        return prog(os_)
-                programs.append(prof_prog)
-            else:
-                programs.append(prog)
-        fleet.run(programs)
-    finally:
-        fleet.close()
+    programs: list[Callable[[GuestOS], Any] | None] = []
+    for i in range(count):
+        prog = _vm_workload(i)
+        if profiles is not None:
+            def prof_prog(os_: GuestOS, prog: Callable[[GuestOS], Any] = prog,
+                          ps: ProfileSet = profiles) -> Any:
+                with ps.section():
+                    return prog(os_)
+            programs.append(prof_prog)
+        else:
+            programs.append(prog)
+    with sriov_fleet(count, sz) as fleet:
+        for task in fleet.run_all(programs):
+            if task.error is not None:
+                raise task.error
     return _pc() - t0
 
 

@@ -3,15 +3,10 @@ inside the device model, on one VM with one VA-1 over virtio-mmio."""
 from __future__ import annotations
 
 import argparse
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from vmm.machine import Machine
-from vmm.trace import TraceEvent
-
-from ..trace_export import write_chrome_trace
-from vmm.vm import Vm
+from ..session import Session
 
 ATOL = 1e-4
 
@@ -33,28 +28,12 @@ class DemoReport:
 def run_demo(seed: int = 0, trace_path: str | None = None) -> DemoReport:
     from virtaccel.guests import mlp
 
-    machine = Machine(seed, keep_trace=trace_path is not None)
-    vm = Vm(machine, "vm0")
-    vm.attach_va1_mmio()
-    commands: list[tuple[str, int]] = []
-
-    def on_event(ev: TraceEvent) -> None:
-        if ev.kind == "cmd":
-            start, end = ev.get("start_ns"), ev.get("end_ns")
-            assert isinstance(start, int) and isinstance(end, int)
-            commands.append((str(ev.get("opcode")), end - start))
-
-    machine.trace.watch(on_event)
-    task = vm.spawn_program(lambda os_: mlp.main(os_, seed=seed), name="mlp")
-    wall0 = time.perf_counter()
-    machine.run_tasks()
-    wall = time.perf_counter() - wall0
-    vm.close()
-    if task.error is not None:
-        raise task.error
+    with Session(attach="mmio", seed=seed, keep_trace=trace_path is not None) as s:
+        times = s.command_times()
+        result = s.run(lambda os_: mlp.main(os_, seed=seed), name="mlp")
     if trace_path is not None:
-        write_chrome_trace(machine.trace, trace_path)
-    return DemoReport(seed, dict(task.result), commands, machine.now_ns(), wall, machine.trace.digest())
+        s.write_trace(trace_path)
+    return DemoReport(seed, dict(result), times.commands, s.now_ns(), s.wall_s, s.digest())
 
 
 def cli(args: argparse.Namespace) -> int:

@@ -14,8 +14,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from vmm.machine import Machine
-from vmm.vm import Vm
+from ..session import Session
 
 _ALL_DTYPES = 0xF  # F32, F16, I8, I32
 
@@ -32,22 +31,16 @@ def run_in_vm(program: Callable[[Any], Any], *, seed: int = 0, int8: bool = True
     `image` is the path of a VM image (vm_images/*.toml) whose machine and accelerator
     are built instead of the default emulated virtio-mmio VM (its program is not run)."""
     if image is not None:
-        from ..images import build_vm, load_image
+        from ..images import ImageError, load_image
         img = load_image(image)
-        machine = Machine(seed)
-        vm, _host = build_vm(img, machine)
+        if img.tenants:
+            raise ImageError(f"{img.path}: an sriov-vf image has many VMs: run one of its "
+                             "tenants' images instead")
+        session = Session.from_image(img, seed=seed)
     else:
-        machine = Machine(seed)
-        vm = Vm(machine, "vm0", ram_size=128 << 20)
-        vm.attach_va1_mmio(_va1_config(int8))
-    try:
-        task = vm.spawn_program(program, name="virtaccel-run")
-        machine.run_tasks()
-    finally:
-        vm.close()
-    if task.error is not None:
-        raise task.error
-    return task.result
+        session = Session(attach="mmio", seed=seed, memory=128 << 20, config=_va1_config(int8))
+    with session:
+        return session.run(program, name="virtaccel-run")
 
 
 def run_module_in_vm(code: bytes, feeds: Mapping[str, Any], *, seed: int = 0,

@@ -24,6 +24,8 @@ from vmm.machine import Machine
 from vmm.trace import TraceEvent
 from vmm.vm import Vm
 
+from ..session import Session
+
 _SUBMIT_KINDS = ("submit_start", "submit_end", "cmd", "cmd_fault", "cmd_invalid",
                  "context_fault", "irq")
 
@@ -162,27 +164,19 @@ def run_stats(seed: int = 0) -> tuple[StatsCollector, dict[str, Any]]:
     from userspace_runtime import Device
     from virtaccel.guests import mlp
 
-    machine = Machine(seed)
-    vm = Vm(machine, "vm0")
-    vm.attach_va1_mmio()
-    stats = StatsCollector(machine)
-    stats.add_vm(vm)
+    with Session(attach="mmio", seed=seed) as session:
+        stats = StatsCollector(session.machine)
+        stats.add_vm(session.vm)
 
-    def program(os_: Any) -> dict[str, Any]:
-        result = mlp.main(os_, seed=seed)
-        with Device(os_) as dev:
-            result["uapi_stats"] = dev.stats()
-        return result
+        def program(os_: Any) -> dict[str, Any]:
+            result = mlp.main(os_, seed=seed)
+            with Device(os_) as dev:
+                result["uapi_stats"] = dev.stats()
+            return result
 
-    task = vm.spawn_program(program, name="mlp")
-    try:
-        machine.run_tasks()
-    finally:
-        vm.close()
-    if task.error is not None:
-        raise task.error
-    stats.function("vm0.va1.0").uapi = dict(task.result["uapi_stats"])
-    return stats, dict(task.result)
+        result = session.run(program, name="mlp")
+    stats.function("vm0.va1.0").uapi = dict(result["uapi_stats"])
+    return stats, dict(result)
 
 
 def format_stats(stats: StatsCollector) -> str:

@@ -20,18 +20,15 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
 from device_model import Va1Config
-
-from ..images import tenant_seed
 from vmm.sriov import VfResources
-from ..testing.tenants import TenantBed, check_victim, jain, percentile
+
+from ..errors import ScenarioError
 from ..guests.tenant import checked_gemm
+from ..session import tenant_seed
+from ..testing.tenants import TenantBed, check_victim, jain, percentile
 
 DEFAULT_DURATION_NS = 1_000_000
 FLOOD_DEPTH = 64           # per queue: 128 descriptors of a 256-entry ring
-
-
-class ScenarioError(ValueError):
-    """Bad scenario arguments (the message says which and why)."""
 
 
 @dataclass(frozen=True)

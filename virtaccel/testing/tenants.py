@@ -20,15 +20,16 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from device_model import Va1Config
-
 from vmm.host import CardFactory, Host, HostPciFunction, PfDriverFactory
-from ..images import tenant_seed
 from vmm.iommu import format_bdf
 from vmm.machine import GuestTask, Machine
 from vmm.sriov import VfResources
-from ..guests.tenant import checked_gemm, expected_checksums
 from vmm.trace import TraceEvent
 from vmm.vm import Vm
+
+from ..errors import LaunchError
+from ..guests.tenant import checked_gemm, expected_checksums
+from ..session import Session, VmSpec, tenant_seed
 
 Program = Callable[[Any], Any]   # os -> result
 
@@ -142,25 +143,29 @@ class TenantBed:
                  window: tuple[int, int] | None = None, keep_trace: bool = False,
                  keep_intervals: bool = False, **card_options: Any) -> None:
         self.seed = seed
-        self.machine = Machine(seed, keep_trace=keep_trace)
-        self.host = Host(self.machine)
-        if pf_driver_factory is not None:
-            self.host.pf_driver_factory = pf_driver_factory
-        self.pf: HostPciFunction = self.host.add_va1_card(card_config, card_factory=card_factory,
-                                                          **card_options)
         if isinstance(resources, VfResources):
             resources = [resources] * n
         self.resources = list(resources) if resources is not None else None
-        self.vfs = self.host.enable_sriov(n, self.resources)
+        specs = [VmSpec(f"tenant{i}", memory, self.resources[i - 1] if self.resources else None)
+                 for i in range(1, n + 1)]
+        self.session = Session(attach="sriov", seed=seed, vms=specs, config=card_config,
+                               keep_trace=keep_trace, card_factory=card_factory,
+                               pf_driver_factory=pf_driver_factory, card_options=card_options)
+        try:
+            self.session.launch()
+        except LaunchError as e:
+            raise e.__cause__ or e
+        self.machine = self.session.machine
+        host = self.session.host
+        assert host is not None and self.session.pf is not None
+        self.host: Host = host
+        self.pf: HostPciFunction = self.session.pf
+        self.vfs = self.session.vfs
+        self.vms: list[Vm] = self.session.vms
         self.monitor = FunctionMonitor(
             self.machine, {f"{self.host.name}.{format_bdf(vf.requester_id)}": vf.vf_index or 0
                            for vf in self.vfs}, window, keep_intervals)
         self.monitor.add_source(f"{self.host.name}.{format_bdf(self.pf.requester_id)}", 0)
-        self.vms: list[Vm] = []
-        for vf in self.vfs:
-            vm = Vm(self.machine, f"tenant{vf.vf_index}", ram_size=memory)
-            vm.attach_va1_passthrough(self.host, vf)
-            self.vms.append(vm)
         self.tasks: list[GuestTask] = []
         self.closed = False
 
@@ -180,13 +185,13 @@ class TenantBed:
         return self.host.pf_driver(self.pf)
 
     def spawn(self, vf: int, program: Program, name: str | None = None) -> GuestTask:
-        task = self.vm(vf).spawn_program(program, name or f"tenant{vf}")
+        task = self.session.spawn(program, vm=vf - 1, name=name or f"tenant{vf}")
         self.tasks.append(task)
         return task
 
     def spawn_host(self, fn: Callable[[], Any], name: str = "host") -> GuestTask:
         """A host task (e.g. PF management while tenants run)."""
-        task = self.machine.spawn(fn, name)
+        task = self.session.spawn_host(fn, name)
         self.tasks.append(task)
         return task
 
@@ -198,7 +203,7 @@ class TenantBed:
             for i, prog in enumerate(programs, start=1):
                 if prog is not None:
                     self.spawn(i, prog)
-        self.machine.run_tasks()
+        self.session.run_tasks()
         out = []
         for t in self.tasks:
             if t.name.startswith("tenant"):
@@ -210,9 +215,7 @@ class TenantBed:
         if self.closed:
             return
         self.closed = True
-        for vm in self.vms:
-            vm.close()
-        self.host.close()
+        self.session.close()
 
 
 # -- programs ------------------------------------------------------------------------------
