@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from userspace_runtime.compiler import CompileResult
-from virtaccel.cli.run import run_module_in_vm
+from virtaccel.models import run_module_in_vm
 
 SEED = 20261122
 

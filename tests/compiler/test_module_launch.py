@@ -13,7 +13,7 @@ from guest_driver import uapi
 from userspace_runtime import Device
 from userspace_runtime.compiler import compile_graph, run_reference
 from userspace_runtime.module import Module
-from virtaccel.cli.run import run_in_vm
+from virtaccel.models import run_in_vm
 
 from . import models
 

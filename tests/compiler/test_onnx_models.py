@@ -12,7 +12,7 @@ onnx = pytest.importorskip("onnx", reason="the onnx extra is not installed")
 
 from onnx.reference import ReferenceEvaluator  # noqa: E402
 
-from userspace_runtime import onnx_backend  # noqa: E402
+from virtaccel import onnx_backend  # noqa: E402
 from userspace_runtime.onnx_import import OnnxImportError, compile_onnx, supported_ops  # noqa: E402
 from virtaccel.cli import main as cli_main  # noqa: E402
 
@@ -99,16 +99,6 @@ def test_cli_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli_main(["run", str(good), "--inputs", str(tmp_path / "in.npz"),
                      "--out", str(tmp_path / "o.npz")]) == 2
     assert "dtype float64, expected float32" in capsys.readouterr().err
-
-
-def test_backend_finds_the_guest_runner_entry_point() -> None:
-    saved = onnx_backend._runner
-    onnx_backend.set_guest_runner(None)
-    try:
-        from virtaccel.cli.run import run_module_in_vm
-        assert onnx_backend.guest_runner() is run_module_in_vm
-    finally:
-        onnx_backend.set_guest_runner(saved)
 
 
 def test_backend_run_model_and_prepare() -> None:

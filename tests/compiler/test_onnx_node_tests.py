@@ -18,13 +18,8 @@ onnx = pytest.importorskip("onnx", reason="the onnx extra is not installed")
 import onnx.backend.test  # noqa: E402
 from onnx.backend.test.loader import load_model_tests  # noqa: E402
 
-from userspace_runtime import onnx_backend  # noqa: E402
 from userspace_runtime.onnx_import import supported_ops  # noqa: E402
-from virtaccel.cli.run import run_module_in_vm  # noqa: E402
-
-# Explicitly, rather than through the installed entry point: a concurrent reinstall of
-# the package must not fail these (test_onnx_models checks the entry point).
-onnx_backend.set_guest_runner(run_module_in_vm)
+from virtaccel import onnx_backend  # noqa: E402
 
 _DTYPE = "element types the ISA does not compute in (elementwise is float-only; " \
          "no uint*, int16, int64, bool, float8/4, int4/2)"

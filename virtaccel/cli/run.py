@@ -14,61 +14,9 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from ..session import Session
 
-_ALL_DTYPES = 0xF  # F32, F16, I8, I32
-
-
-def _va1_config(int8: bool) -> Any:
-    from device_model import Va1Config
-    return Va1Config(dtype_mask=_ALL_DTYPES) if int8 else Va1Config()
-
-
-def run_in_vm(program: Callable[[Any], Any], *, seed: int = 0, int8: bool = True,
-              image: str | None = None) -> Any:
-    """Run `program(os)` as the guest program of a fresh VM; return its result.
-
-    `image` is the path of a VM image (vm_images/*.toml) whose machine and accelerator
-    are built instead of the default emulated virtio-mmio VM (its program is not run)."""
-    if image is not None:
-        from ..images import ImageError, load_image
-        img = load_image(image)
-        if img.tenants:
-            raise ImageError(f"{img.path}: an sriov-vf image has many VMs: run one of its "
-                             "tenants' images instead")
-        session = Session.from_image(img, seed=seed)
-    else:
-        session = Session(attach="mmio", seed=seed, memory=128 << 20, config=_va1_config(int8))
-    with session:
-        return session.run(program, name="virtaccel-run")
-
-
-def run_module_in_vm(code: bytes, feeds: Mapping[str, Any], *, seed: int = 0,
-                     int8: bool = True, function: str = "main",
-                     image: str | None = None) -> dict[str, np.ndarray]:
-    """Load code object `code` in a fresh VM, run `function` on `feeds`, return outputs."""
-    from userspace_runtime import Device
-    from userspace_runtime.module import Module
-
-    module = Module.from_bytes(code)
-
-    def program(os_: Any) -> dict[str, np.ndarray]:
-        with Device(os_) as dev:
-            ctx = dev.create_context()
-            stream = ctx.create_stream()
-            loaded = module.load(ctx, stream)
-            return loaded.function(function)(stream, feeds)
-
-    result: dict[str, np.ndarray] = run_in_vm(program, seed=seed, int8=int8, image=image)
-    return result
-
-
-def _load_code(path: str) -> bytes:
-    if path.endswith(".onnx"):
-        from userspace_runtime.onnx_import import compile_onnx_file
-        return compile_onnx_file(path).code_object
-    with open(path, "rb") as f:
-        return f.read()
+from ..models import load_code as _load_code
+from ..models import run_module_in_vm
 
 
 def cli(args: argparse.Namespace) -> int:

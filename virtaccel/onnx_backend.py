@@ -1,10 +1,7 @@
 """An onnx.backend.base.Backend that compiles with the VA-1 compiler and runs on a VA-1.
 
-Each `run` loads the code object in a fresh guest VM (booting one costs ~20 ms of wall
-time) through a *guest runner*: a function `(code: bytes, feeds: dict) -> dict` that
-boots a VM and launches `main`. The runtime may not import the host (vmm) layer, so the
-runner is found through the `virtaccel.guest_runner` entry point (the vmm package
-provides `virtaccel.cli.run:run_module_in_vm`) or set with `set_guest_runner`.
+Each `run` loads the code object in a fresh guest VM built by the launcher (booting one
+costs ~20 ms of wall time), as `virtaccel.models.run_module_in_vm` does.
 
 Static operands (Reshape shapes, Reduce axes, quantization parameters, BatchNorm
 statistics) that a model feeds as graph inputs are compile-time values for the
@@ -13,36 +10,16 @@ compiler: the rep compiles once per distinct set of those values (cached).
 from __future__ import annotations
 
 from collections import namedtuple
-from importlib import metadata
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import onnx
 from onnx.backend.base import Backend, BackendRep
 
-from .compiler import Target
-from .onnx_import import compile_onnx, static_input_names
+from userspace_runtime.compiler import Target
+from userspace_runtime.onnx_import import compile_onnx, static_input_names
 
-GuestRunner = Callable[..., dict[str, np.ndarray]]
-_runner: GuestRunner | None = None
-
-
-def set_guest_runner(runner: GuestRunner | None) -> None:
-    """Use `runner(code, feeds, seed=...)` to run code objects (None: the entry point)."""
-    global _runner
-    _runner = runner
-
-
-def guest_runner() -> GuestRunner:
-    if _runner is not None:
-        return _runner
-    eps = metadata.entry_points(group="virtaccel.guest_runner")
-    for ep in eps:
-        if ep.name == "default":
-            fn: GuestRunner = ep.load()
-            return fn
-    raise RuntimeError("no guest runner: install virtaccel (entry point "
-                       "virtaccel.guest_runner) or call set_guest_runner()")
+from .models import run_module_in_vm
 
 
 class VA1BackendRep(BackendRep):
@@ -81,7 +58,7 @@ class VA1BackendRep(BackendRep):
             feeds = {n: np.asarray(v) for n, v in zip(self.input_names, vals)}
         code = self._code(feeds)
         dyn = {k: v for k, v in feeds.items() if k not in self.static}
-        out = guest_runner()(code, dyn, seed=self.seed)
+        out = run_module_in_vm(code, dyn, seed=self.seed)
         Outputs = namedtuple("Outputs", [f"o{i}" for i in range(len(self.output_names))])  # type: ignore[misc]
         return Outputs(*[out[n] for n in self.output_names])
 
@@ -97,7 +74,7 @@ class VA1Backend(Backend):
 
     @classmethod
     def is_compatible(cls, model: onnx.ModelProto, device: str = "CPU", **kwargs: Any) -> bool:
-        from .onnx_import import supported_ops
+        from userspace_runtime.onnx_import import supported_ops
         ops = set(supported_ops())
         return all(n.op_type in ops for n in model.graph.node)
 
