@@ -16,10 +16,11 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/lint-imports
+	$(PY) -m mypy
 	$(PY) -m pytest -q
 
 bench: $(STAMP)
 	$(VENV)/bin/virtaccel bench --json bench.json
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache

@@ -97,11 +97,29 @@ class PciHostBridge:
 
 
 class GuestKernel(Protocol):
-    memory: PhysMemory
-    mmio: MmioAccessor
-    irq: IrqChip
-    sched: GuestScheduler
-    trace: Tracer
-    ram: RamRange
-    platform_devices: tuple[PlatformDevice, ...]
-    pci_hosts: tuple[PciHostBridge, ...]
+    """Everything a driver is handed. The driver only reads these, so they are read-only
+    properties: a VMM may provide each as a plain attribute or as a property."""
+
+    @property
+    def memory(self) -> PhysMemory: ...
+
+    @property
+    def mmio(self) -> MmioAccessor: ...
+
+    @property
+    def irq(self) -> IrqChip: ...
+
+    @property
+    def sched(self) -> GuestScheduler: ...
+
+    @property
+    def trace(self) -> Tracer: ...
+
+    @property
+    def ram(self) -> RamRange: ...
+
+    @property
+    def platform_devices(self) -> tuple[PlatformDevice, ...]: ...
+
+    @property
+    def pci_hosts(self) -> tuple[PciHostBridge, ...]: ...

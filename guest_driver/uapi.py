@@ -1,8 +1,8 @@
 """The VA-1 device file's user API, shaped like a Linux accel (DRM) driver's uapi header.
 
 User space reaches the driver only through this module: `open_accel()` gives a
-`DeviceFile`; `ioctl(request, arg)` takes a cffi struct built with `ffi.new(...)` from
-the header below; `mmap(handle)` maps a host buffer. Errors are `OSError` with an errno.
+`DeviceFile`; `ioctl(request, arg)` takes a cffi struct built with `new(...)` (that is,
+`ffi.new(...)`) from the header below; `mmap(handle)` maps a host buffer. Errors are `OSError` with an errno.
 """
 from __future__ import annotations
 
@@ -75,6 +75,15 @@ struct drm_va1_stats {
 ffi = FFI()
 ffi.cdef(HEADER)
 
+# A cffi cdata. Its fields are those of the C struct, known only at run time: the cffi
+# stubs type cdata as an opaque object, so struct cdata is Any here.
+CData = Any
+
+
+def new(cdecl: str, init: Any = None) -> CData:
+    """`ffi.new(cdecl, init)`: a zeroed (or `init`-filled) struct to pass to `ioctl`."""
+    return ffi.new(cdecl, init)
+
 MAX_SUBMIT_BUFFERS = 64
 
 # Parameters for GET_PARAM.
@@ -138,7 +147,7 @@ IOCTL_STRUCT = {
 class DeviceFile(Protocol):
     """An open /dev/accel/accelN."""
 
-    def ioctl(self, request: int, arg: Any) -> None:
+    def ioctl(self, request: int, arg: CData) -> None:
         """Raises OSError(errno) on bad arguments; the struct's out fields are filled."""
         ...
 

@@ -473,10 +473,10 @@ class CommandBufferBuilder:
         for addr, st, what in ((src, sst, "COPY src"), (dst, dst_st, "COPY dst")):
             _range(addr, (sum((d - 1) * s for d, s in zip(dims, st)) + 1) * es, what)
         span = 1
-        for st, d in sorted((s, d) for s, d in zip(dst_st, dims) if d > 1):
-            if st < span:
+        for stride, d in sorted((s, d) for s, d in zip(dst_st, dims) if d > 1):
+            if stride < span:
                 raise ValueError("COPY dst_strides make destination elements overlap")
-            span = st * d
+            span = stride * d
         pad = isa.COPY_MAX_DIMS - len(dims)
         fields: dict[str, int | float] = {"dtype": dt, "ndim": len(dims), "src": src,
                                           "dst": dst}

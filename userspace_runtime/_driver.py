@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import errno
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Iterable
 
 import numpy as np
 
@@ -46,21 +46,21 @@ class DriverFile:
         self.file = file
         self.path = path
 
-    def _ioctl(self, request: int, arg: Any, what: str) -> None:
+    def _ioctl(self, request: int, arg: uapi.CData, what: str) -> None:
         try:
             self.file.ioctl(request, arg)
         except OSError as e:
             raise _wrap(e, f"{what} on {self.path}") from e
 
     def get_param(self, name: str) -> int:
-        arg = uapi.ffi.new("struct drm_va1_get_param *")
+        arg = uapi.new("struct drm_va1_get_param *")
         arg.param = PARAM_CODES[name]
         self._ioctl(uapi.DRM_IOCTL_VA1_GET_PARAM, arg, f"GET_PARAM({name})")
         return int(arg.value)
 
     def bo_create(self, size: int, flags: int) -> tuple[int, int]:
         """Returns (handle, addr): a device address for BO_DEVICE, an IOVA for BO_HOST."""
-        arg = uapi.ffi.new("struct drm_va1_bo_create *")
+        arg = uapi.new("struct drm_va1_bo_create *")
         arg.size = size
         arg.flags = flags
         kind = "DEVICE" if flags == uapi.BO_DEVICE else "HOST"
@@ -68,7 +68,7 @@ class DriverFile:
         return int(arg.handle), int(arg.addr)
 
     def bo_free(self, handle: int) -> None:
-        arg = uapi.ffi.new("struct drm_va1_bo_free *")
+        arg = uapi.new("struct drm_va1_bo_free *")
         arg.handle = handle
         self._ioctl(uapi.DRM_IOCTL_VA1_BO_FREE, arg, f"BO_FREE(handle={handle})")
 
@@ -83,12 +83,12 @@ class DriverFile:
         return view[:size]
 
     def context_create(self) -> int:
-        arg = uapi.ffi.new("struct drm_va1_context_create *")
+        arg = uapi.new("struct drm_va1_context_create *")
         self._ioctl(uapi.DRM_IOCTL_VA1_CONTEXT_CREATE, arg, "CONTEXT_CREATE")
         return int(arg.context_id)
 
     def context_destroy(self, context_id: int) -> None:
-        arg = uapi.ffi.new("struct drm_va1_context_destroy *")
+        arg = uapi.new("struct drm_va1_context_destroy *")
         arg.context_id = context_id
         self._ioctl(uapi.DRM_IOCTL_VA1_CONTEXT_DESTROY, arg, f"CONTEXT_DESTROY({context_id})")
 
@@ -99,7 +99,7 @@ class DriverFile:
         if len(hs) > uapi.MAX_SUBMIT_BUFFERS:  # pragma: no cover - the stream splits first
             raise ValueError(f"{len(hs)} buffers in one submission, "
                              f"max {uapi.MAX_SUBMIT_BUFFERS}")
-        arg = uapi.ffi.new("struct drm_va1_submit *")
+        arg = uapi.new("struct drm_va1_submit *")
         arg.context_id = context_id
         arg.queue = queue
         arg.cmdbuf_handle = cmdbuf_handle
@@ -115,7 +115,7 @@ class DriverFile:
 
     def wait(self, context_id: int, fence_seq: int, timeout_ns: int) -> WaitResult | None:
         """The fence's result, or None if it has not signalled within `timeout_ns`."""
-        arg = uapi.ffi.new("struct drm_va1_wait *")
+        arg = uapi.new("struct drm_va1_wait *")
         arg.context_id = context_id
         arg.fence_seq = fence_seq
         arg.timeout_ns = timeout_ns
@@ -130,7 +130,7 @@ class DriverFile:
                           int(arg.end_ns))
 
     def stats(self) -> dict[str, int]:
-        arg = uapi.ffi.new("struct drm_va1_stats *")
+        arg = uapi.new("struct drm_va1_stats *")
         self._ioctl(uapi.DRM_IOCTL_VA1_GET_STATS, arg, "GET_STATS")
         return {name: int(getattr(arg, name))
                 for name, _ in uapi.ffi.typeof("struct drm_va1_stats").fields}

@@ -55,7 +55,7 @@ class GuestMemory:
         self.size = size
         self.host_offset, self._ram = host.carve(size)
         self._ram = self._ram[:size]
-        self._mv = memoryview(self._ram)  # small accesses: cheaper than numpy slices
+        self._mv = self._ram.data  # memoryview: small accesses are cheaper than numpy slices
 
     def contains(self, gpa: int, length: int) -> bool:
         return length >= 0 and gpa >= self.base and gpa + length <= self.base + self.size

@@ -25,7 +25,7 @@ class GraphError(ValueError):
 def as_dtype_name(dtype: Any) -> str:
     """'float32' etc. from a numpy dtype, a name or a type; GraphError otherwise."""
     try:
-        name = np.dtype(dtype).name
+        name: str = np.dtype(dtype).name
     except TypeError:
         raise GraphError(f"dtype {dtype!r} is not a dtype") from None
     if name not in DTYPES:

@@ -92,7 +92,8 @@ def _activate(x: np.ndarray, act: str | None) -> np.ndarray:
     if act is None:
         return x
     if act == "relu":
-        return np.maximum(x, 0).astype(x.dtype)
+        y: np.ndarray = np.maximum(x, 0).astype(x.dtype)
+        return y
     if act == "gelu":
         return gelu_ref(x)
     if act == "sigmoid":
@@ -107,7 +108,8 @@ def gelu_ref(x: np.ndarray, approximate: str = "none") -> np.ndarray:
     else:
         from math import erf
         y = 0.5 * xd * (1 + np.vectorize(erf, otypes=[np.float64])(xd / math.sqrt(2)))
-    return y.astype(x.dtype)
+    out: np.ndarray = y.astype(x.dtype)
+    return out
 
 
 def sigmoid_ref(x: np.ndarray) -> np.ndarray:
@@ -497,7 +499,8 @@ def _quant_infer(node: Node) -> list[tuple[Shape, str]]:
 def quantize_ref(x: np.ndarray, scale: float, zp: int) -> np.ndarray:
     """ONNX QuantizeLinear: round half to even, then saturate to int8."""
     y = np.rint(x.astype(np.float32) / np.float32(scale)) + zp
-    return np.clip(y, -128, 127).astype(np.int8)
+    q: np.ndarray = np.clip(y, -128, 127).astype(np.int8)
+    return q
 
 
 def _dequant_infer(node: Node) -> list[tuple[Shape, str]]:

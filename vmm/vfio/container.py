@@ -282,10 +282,11 @@ class VfioContainer:
             return 0
         if self.domain is None:
             raise vfio_error(errno.EINVAL, f"container ioctl {request:#x}: no IOMMU set on the container")
-        return _dispatch(request, arg, {uapi.VFIO_IOMMU_GET_INFO: self.iommu_get_info,
-                                        uapi.VFIO_IOMMU_MAP_DMA: self.iommu_map_dma,
-                                        uapi.VFIO_IOMMU_UNMAP_DMA: self.iommu_unmap_dma},
-                         f"container ioctl {request:#x} is not a TYPE1 IOMMU ioctl")
+        result: int = _dispatch(request, arg, {uapi.VFIO_IOMMU_GET_INFO: self.iommu_get_info,
+                                               uapi.VFIO_IOMMU_MAP_DMA: self.iommu_map_dma,
+                                               uapi.VFIO_IOMMU_UNMAP_DMA: self.iommu_unmap_dma},
+                                f"container ioctl {request:#x} is not a TYPE1 IOMMU ioctl")
+        return result
 
     # -- for groups -------------------------------------------------------------------
 

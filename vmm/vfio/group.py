@@ -129,12 +129,13 @@ class VfioGroup:
     def ioctl(self, request: int, arg: int | str | bytes | CData | VfioContainer = 0
               ) -> "int | VfioDeviceFile":
         """Dispatch by linux/vfio.h ioctl number (GET_DEVICE_FD returns the file)."""
-        return _dispatch(request, arg, {
+        result: int | VfioDeviceFile = _dispatch(request, arg, {
             uapi.VFIO_GROUP_GET_STATUS: self.get_status,
             uapi.VFIO_GROUP_SET_CONTAINER: self.set_container,
             uapi.VFIO_GROUP_UNSET_CONTAINER: lambda _: self.unset_container(),
             uapi.VFIO_GROUP_GET_DEVICE_FD: self.get_device_fd,
         }, f"group ioctl {request:#x} is not a VFIO group ioctl")
+        return result
 
 
 class VfioDeviceFile:

@@ -32,6 +32,7 @@ from ..trace import SourceTracer
 from . import uapi
 from .group import VfioDeviceFile
 from .pci_device import SparseArea, find_capability, region_offset
+from .uapi import CData
 
 CONFIG = uapi.VFIO_PCI_CONFIG_REGION_INDEX
 
@@ -41,8 +42,8 @@ def query_region(devfile: VfioDeviceFile, index: int) -> tuple[int, int, int, li
     Asks twice when the first buffer is too small, as QEMU does."""
     argsz = uapi.ffi.sizeof("struct vfio_region_info")
     for _ in range(2):
-        buf = uapi.ffi.new("uint8_t[]", argsz)
-        info = uapi.ffi.cast("struct vfio_region_info *", buf)
+        buf: CData = uapi.ffi.new("uint8_t[]", argsz)
+        info: CData = uapi.ffi.cast("struct vfio_region_info *", buf)
         info.argsz = argsz
         info.index = index
         devfile.get_region_info(info)
@@ -52,9 +53,10 @@ def query_region(devfile: VfioDeviceFile, index: int) -> tuple[int, int, int, li
         areas: list[SparseArea] = []
         off = int(info.cap_offset) if info.flags & uapi.VFIO_REGION_INFO_FLAG_CAPS else 0
         while off:
-            hdr = uapi.ffi.cast("struct vfio_info_cap_header *", buf + off)
+            hdr: CData = uapi.ffi.cast("struct vfio_info_cap_header *", buf + off)
             if hdr.id == uapi.VFIO_REGION_INFO_CAP_SPARSE_MMAP:
-                cap = uapi.ffi.cast("struct vfio_region_info_cap_sparse_mmap *", buf + off)
+                cap: CData = uapi.ffi.cast("struct vfio_region_info_cap_sparse_mmap *",
+                                           buf + off)
                 areas = [SparseArea(int(cap.areas[i].offset), int(cap.areas[i].size))
                          for i in range(cap.nr_areas)]
             off = int(hdr.next)
@@ -220,8 +222,13 @@ class VfioPciPassthrough:
         for a in sorted(areas, key=lambda a: a.offset):
             if a.offset > pos:
                 out.append(BarRegion(pos, a.offset - pos, BarWindow(self, index, pos)))
-            out.append(BarRegion(a.offset, a.size, self.devfile.region_mmap(index, a.offset, a.size),
-                                 direct=True))
+            mapping = self.devfile.region_mmap(index, a.offset, a.size)
+            if isinstance(mapping, np.ndarray):
+                # Plain memory, not registers: the bus maps handlers only, so this area
+                # is trapped like the gaps (QEMU's slow path when it cannot map a BAR).
+                out.append(BarRegion(a.offset, a.size, BarWindow(self, index, a.offset)))
+            else:
+                out.append(BarRegion(a.offset, a.size, mapping, direct=True))
             pos = a.offset + a.size
         if pos < size:
             out.append(BarRegion(pos, size - pos, BarWindow(self, index, pos)))

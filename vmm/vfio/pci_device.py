@@ -231,7 +231,8 @@ class VfioPciDevice:
         cap = b""
         if index in self._bars and self._protected(index):
             areas = self.sparse_areas(index)
-            hdr = uapi.ffi.new("struct vfio_region_info_cap_sparse_mmap *", {"areas": len(areas)})
+            hdr: CData = uapi.ffi.new("struct vfio_region_info_cap_sparse_mmap *",
+                                      {"areas": len(areas)})
             hdr.header.id = uapi.VFIO_REGION_INFO_CAP_SPARSE_MMAP
             hdr.header.version = 1
             hdr.header.next = 0

@@ -242,12 +242,14 @@ STRUCTS: tuple[str, ...] = (
 ffi = cffi.FFI()
 ffi.cdef(CDEF)
 
-CData = Any  # a cffi cdata (cffi ships no type stubs for it)
+# A cffi cdata. Its fields are those of the C struct, known only at run time: the cffi
+# stubs type cdata as an opaque object, so struct cdata is Any here.
+CData = Any
 
 
 def new(ctype: str, init: Any = None) -> CData:
     """ffi.new, with `argsz` set to the allocated size when the struct has one."""
-    p = ffi.new(ctype, init)
+    p: CData = ffi.new(ctype, init)
     t = ffi.typeof(p)
     if t.kind == "pointer" and t.item.kind == "struct" and any(n == "argsz" for n, _ in t.item.fields):
         p.argsz = ffi.sizeof(p[0])

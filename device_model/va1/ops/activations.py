@@ -30,13 +30,13 @@ def erfc_abs(z: np.ndarray) -> np.ndarray:
     p *= t
     p += _NR[0]
     p -= a * a
-    return t * np.exp(p)  # type: ignore[no-any-return]
+    return t * np.exp(p)
 
 
 def erf(z: np.ndarray) -> np.ndarray:
     """erf in float64 (absolute error < 1.2e-7)."""
     z = np.asarray(z, _F64)
-    return np.where(z >= 0, 1.0 - erfc_abs(z), erfc_abs(z) - 1.0)  # type: ignore[no-any-return]
+    return np.where(z >= 0, 1.0 - erfc_abs(z), erfc_abs(z) - 1.0)
 
 
 def gelu64(x: np.ndarray) -> np.ndarray:
@@ -45,14 +45,15 @@ def gelu64(x: np.ndarray) -> np.ndarray:
     e = erfc_abs(x * _SQRT1_2)                 # erfc(|x|/sqrt2)
     one_plus_erf = np.where(x >= 0, 2.0 - e, e)
     # where 1 + erf underflows to 0 (x -> -inf) the limit is -0, not -inf * 0 = NaN
-    return np.where(one_plus_erf == 0, -0.0, 0.5 * x * one_plus_erf)  # type: ignore[no-any-return]
+    return np.where(one_plus_erf == 0, -0.0, 0.5 * x * one_plus_erf)
 
 
 def sigmoid64(x: np.ndarray) -> np.ndarray:
     """1 / (1 + exp(-x)) in float64, stable for both signs."""
     x = np.asarray(x, _F64)
     e = np.exp(-np.abs(x))
-    return np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e))  # type: ignore[no-any-return]
+    y: np.ndarray = np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+    return y
 
 
 def apply_activation(t: np.ndarray, activation: int) -> np.ndarray:
