@@ -366,12 +366,8 @@ def run_image(image: VmImage, seed: int | None = None, keep_trace: bool = False,
     except LaunchError as e:
         raise ImageError(f"{image.path}: accelerator: {e.__cause__}") from None
     with session:
-        tasks = []
-        for i, (prog, name, args) in enumerate(zip(programs, names, arglists)):
-            pseed = session.program_seed(i)
-            tasks.append(session.spawn(
-                lambda os_, prog=prog, pseed=pseed, args=args: prog(os_, seed=pseed, **args),
-                vm=i, name=name))
+        tasks = [session.spawn(_bind(prog, session.program_seed(i), args), vm=i, name=name)
+                 for i, (prog, name, args) in enumerate(zip(programs, names, arglists))]
         session.run_tasks()
     if not image.tenants:
         task = tasks[0]
@@ -380,6 +376,12 @@ def run_image(image: VmImage, seed: int | None = None, keep_trace: bool = False,
         result, error = _tenant_results(image, session, tasks, programs)
     return ImageRun(image, seed, result, error, session.now_ns(), session.digest(),
                     session.exits, session.direct_accesses, list(session.trace.events))
+
+
+def _bind(program: Callable[..., Any], seed: int, args: dict[str, Any]
+          ) -> Callable[[Any], Any]:
+    """The guest program as the image calls it: program(os, seed=seed, **args)."""
+    return lambda os_: program(os_, seed=seed, **args)
 
 
 def _tenant_results(image: VmImage, session: Any, tasks: list[Any], programs: list[Any]

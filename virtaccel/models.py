@@ -53,7 +53,7 @@ def session_for(*, seed: int = 0, int8: bool = True, image: str | os.PathLike[st
     is not run), else one VA-1 attached as `attach` with every dtype when `int8`."""
     if image is not None:
         from .images import load_image
-        img = load_image(image)
+        img = load_image(os.fspath(image))
         if img.tenants:
             raise ImageError(f"{img.path}: an sriov-vf image has many VMs: run one of its "
                              "tenants' images instead")

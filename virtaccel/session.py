@@ -26,7 +26,7 @@ import functools
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Mapping, Sequence, TypeVar
 
 from device_model import Va1Config
 from guest_driver.uapi import GuestOS
@@ -102,6 +102,10 @@ class CommandTimes:
 class Session:
     """A machine with its host, VMs and attachments (module docstring)."""
 
+    # Called with every new Session: how the pytest plugin names the seeds of a failing
+    # test's sessions.
+    observers: ClassVar[list[Callable[["Session"], None]]] = []
+
     def __init__(self, *, attach: str = "mmio", seed: int = 0,
                  vms: int | Sequence[VmSpec | str] = 1, memory: int = DEFAULT_MEMORY,
                  exit_cost_ns: int = 1000, config: Va1Config | None = None,
@@ -132,9 +136,13 @@ class Session:
         self.vms: list[Vm] = []
         self.tasks: list[GuestTask] = []
         self.wall_s = 0.0
+        for observe in list(Session.observers):
+            observe(self)
 
     def _specs(self, vms: int | Sequence[VmSpec | str], memory: int) -> tuple[VmSpec, ...]:
-        if isinstance(vms, int) and not isinstance(vms, bool):
+        if isinstance(vms, bool):
+            raise ValueError(f"vms={vms}: give a count or a list of VMs")
+        if isinstance(vms, int):
             if vms < 1:
                 raise ValueError(f"vms={vms}: a session has at least one VM")
             if vms == 1:

@@ -47,7 +47,7 @@ def _jsonable(key: str, value: object) -> object:
     if isinstance(value, float):
         return value
     if isinstance(value, int) or hasattr(value, "__index__"):
-        v = int(value)  # type: ignore[call-overload]
+        v = int(value)
         return hex(v) if key in ("addr", "iova", "base") else v
     if isinstance(value, (tuple, list)):
         return [_jsonable(key, v) for v in value]

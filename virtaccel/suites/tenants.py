@@ -27,6 +27,9 @@ from ..guests.tenant import checked_gemm
 from ..session import tenant_seed
 from ..testing.tenants import TenantBed, check_victim, jain, percentile
 
+__all__ = ["DEFAULT_DURATION_NS", "Scenario", "ScenarioError", "ScenarioResult", "VfRow",
+           "format_table", "parse_weights", "run_scenario", "run_tenants"]
+
 DEFAULT_DURATION_NS = 1_000_000
 FLOOD_DEPTH = 64           # per queue: 128 descriptors of a 256-entry ring
 
@@ -116,14 +119,15 @@ class ScenarioResult:
 
 def _program(sc: Scenario, vf: int, role: str) -> Any:
     seed = tenant_seed(sc.seed, vf)
-    common = dict(m=sc.m, k=sc.k, n=sc.n, duration_ns=sc.duration_ns)
     if role == "aggressor":
-        kw = dict(common, queues=sc.queues, depth=FLOOD_DEPTH, reps=sc.reps * 4)
+        queues, depth, reps = sc.queues, FLOOD_DEPTH, sc.reps * 4
     elif role == "victim":
-        kw = dict(common, queues=1, depth=1, reps=sc.reps)
+        queues, depth, reps = 1, 1, sc.reps
     else:
-        kw = dict(common, queues=sc.queues, depth=sc.depth, reps=sc.reps)
-    return lambda os_: checked_gemm(os_, seed, **kw)
+        queues, depth, reps = sc.queues, sc.depth, sc.reps
+    return lambda os_: checked_gemm(os_, seed, m=sc.m, k=sc.k, n=sc.n,
+                                    duration_ns=sc.duration_ns, queues=queues, depth=depth,
+                                    reps=reps)
 
 
 def run_scenario(sc: Scenario, *, with_aggressor: bool = True) -> ScenarioResult:
@@ -169,12 +173,12 @@ def run_scenario(sc: Scenario, *, with_aggressor: bool = True) -> ScenarioResult
                 commands=f.commands, completed=f.submissions,
                 p50_ns=percentile(lat, 50), p99_ns=percentile(lat, 99),
                 correct=check_victim(r.result, tenant_seed(sc.seed, vf))))
-        total = sum(r.device_ns for r in rows) or 1
-        wsum = sum(r.weight for r in rows)
-        for r in rows:
-            r.share = r.device_ns / total
-            r.target = r.weight / wsum
-            r.share_error = (r.share - r.target) / r.target
+        total = sum(row.device_ns for row in rows) or 1
+        wsum = sum(row.weight for row in rows)
+        for row in rows:
+            row.share = row.device_ns / total
+            row.target = row.weight / wsum
+            row.share_error = (row.share - row.target) / row.target
         return ScenarioResult(sc, rows, jain([r.device_ns for r in rows]), (lo, hi),
                               bed.machine.now_ns(), bed.machine.trace.digest(), notes=notes)
     finally:

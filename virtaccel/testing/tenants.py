@@ -34,6 +34,13 @@ from ..session import Session, VmSpec, tenant_seed
 Program = Callable[[Any], Any]   # os -> result
 
 
+def _int(value: object) -> int:
+    """A trace field that holds an integer."""
+    if not isinstance(value, int):
+        raise TypeError(f"trace field {value!r} is not an integer")
+    return value
+
+
 def percentile(values: Sequence[int], q: float) -> int:
     """Nearest-rank percentile (q in 0..100) of integers; 0 for none."""
     if not values:
@@ -98,7 +105,7 @@ class FunctionMonitor:
             return
         f = self.functions[i]
         if e.kind == "cmd":
-            start, end = int(e.get("start_ns", 0)), int(e.get("end_ns", 0))  # type: ignore[arg-type]
+            start, end = _int(e.get("start_ns", 0)), _int(e.get("end_ns", 0))
             if self.keep_intervals:
                 f.intervals.append((start, end))
             if self.window is not None:
@@ -109,7 +116,7 @@ class FunctionMonitor:
             return
         f.submissions += 1
         status = str(e.get("status", ""))
-        end = int(e.get("end_ns", 0))  # type: ignore[arg-type]
+        end = _int(e.get("end_ns", 0))
         f.last_end_ns = max(f.last_end_ns, end)
         f.end_times.append(end)
         if status == "OK":
