@@ -59,3 +59,13 @@ def test_readme_guest_program_and_launcher_examples_compute_the_right_answer() -
     assert list(first) == [512.0] * 4
     assert isinstance(digest, str) and len(digest) == 64
     assert ns["session"].state.value == "closed"
+
+
+def test_tenants_doc_example_builds_the_card_it_describes() -> None:
+    doc = README.parent / "docs" / "tenants.md"
+    (block,) = re.findall(r"```python\n(.*?)```", doc.read_text(), flags=re.S)
+    ns: dict[str, Any] = {}
+    (printed,) = _exec(block, ns)
+    pf, vfs, vms = printed
+    assert pf == "0000:01:00.0" and len(vfs) == 8 and vms == [f"tenant{n}" for n in range(1, 9)]
+    assert ns["session"].state.value == "closed"
