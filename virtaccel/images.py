@@ -237,7 +237,7 @@ def _memory(c: _Checker, raw: Any, where: str) -> int:
 
 def _resources(c: _Checker, table: dict[str, Any], where: str) -> dict[str, int]:
     """VF resources: hwspec.va1.VF_RESOURCES names; device_memory may be a size text."""
-    from vmm.sriov import VfResources
+    from hwspec.va1 import VfResources
     names = VfResources.field_names()
     c.keys(table, where, names)
     out: dict[str, int] = {}
@@ -369,7 +369,8 @@ def build_tenants(image: VmImage, machine: Any, card_factory: Any = None,
     from device_model import Va1Config
 
     from vmm.host import Host
-    from vmm.sriov import SriovError, VfResources
+    from hwspec.va1 import VfResources
+    from vmm.sriov import SriovError
     from vmm.vm import Vm
     host = Host(machine)
     if pf_driver_factory is not None:

@@ -10,17 +10,19 @@ eventfds). Host firmware assigns the functions' BARs on a host PCI segment.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from device_model import DevicePorts, Va1Config, Va1Device, VirtioPciFunction
 from device_model.pci.api import PciFunction
 from device_model.ports import DmaPort, MsiPort
 from hwspec import pci as P
 from hwspec import va1 as A
+from hwspec.va1 import VfResources
 
 from .bus import MmioBus
 from .host_kernel import HostKernelServices, make_host_kernel
-from .sriov import HostSriovPlatform, PfDriver, SriovError, VfResources
+from .sriov import HostSriovPlatform, PfDriver, SriovError
 from .eventfd import EventfdWaitQueues
 from .iommu import Iommu, IommuDma, bdf, format_bdf
 from .machine import Machine
@@ -28,6 +30,9 @@ from .msi import HOST_MSI_REMAPPED_LAST, HostMsiDomain
 from .pci.host_bridge import PciHost, PciSlot
 from .vfio.group import VfioGroup
 from .vfio.pci_device import VfioPciDevice
+
+if TYPE_CHECKING:
+    from guest_driver.va1.pf import VA1Pf
 
 
 @dataclass
@@ -192,7 +197,7 @@ class Host:
             drv = self.pf_drivers[hf.name] = make(self.host_kernel(hf), hf)
         return drv
 
-    def enable_sriov(self, num_vfs: int, resources: Sequence[VfResources | dict[str, int]] | None = None,
+    def enable_sriov(self, num_vfs: int, resources: Sequence[VfResources | Mapping[str, int]] | None = None,
                      *, pf: HostPciFunction | str | None = None, bind: bool = True
                      ) -> list[HostPciFunction]:
         """Enable `num_vfs` VFs through the PF driver, provision each through the admin
@@ -275,15 +280,15 @@ def default_pf_driver_factory(kernel: HostKernelServices, hf: HostPciFunction) -
     bdf_ = Bdf(0, hf.slot.bus, hf.slot.dev, hf.slot.fn)
     fn = read_function(ConfigSpace(kernel.mmio, bridge.ecam_base, bdf_), bridge)
     drv = pfmod.probe_pf(kernel, fn, name=f"pf-{format_bdf(hf.requester_id)}", host=bridge)
-    return _PfDriverAdapter(drv, pfmod)
+    return _PfDriverAdapter(drv)
 
 
 class _PfDriverAdapter:
-    """guest_driver.va1.pf.VA1Pf with set_resources taking vmm.sriov.VfResources too."""
+    """guest_driver.va1.pf.VA1Pf as a PfDriver: set_resources takes a mapping too,
+    stats come as a dict."""
 
-    def __init__(self, drv: Any, pfmod: Any) -> None:
+    def __init__(self, drv: "VA1Pf") -> None:
         self.drv = drv
-        self._pfmod = pfmod
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.drv, name)
@@ -291,12 +296,11 @@ class _PfDriverAdapter:
     def sriov_configure(self, num_vfs: int) -> int:
         return int(self.drv.sriov_configure(num_vfs))
 
-    def set_resources(self, vf: int, resources: Any) -> None:
-        r = VfResources.from_mapping(resources)
-        self.drv.set_resources(vf, self._pfmod.VfResources(**r.as_dict()))
+    def set_resources(self, vf: int, resources: VfResources | Mapping[str, int]) -> None:
+        self.drv.set_resources(vf, VfResources.from_mapping(resources))
 
     def get_resources(self, vf: int) -> VfResources:
-        return VfResources.from_mapping(self.drv.get_resources(vf))
+        return self.drv.get_resources(vf)
 
     def stop(self, vf: int) -> None:
         self.drv.stop(vf)

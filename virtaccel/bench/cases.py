@@ -15,8 +15,8 @@ import numpy as np
 from device_model import Va1Config
 from guest_driver import uapi
 from guest_driver.uapi import GuestOS
+from hwspec.va1 import VfResources
 
-from vmm.sriov import VfResources
 from . import ring as bare
 from .profile import ProfileSet
 from .rows import Row, best, cost_row, median, missing_row, rate_row, speed_row

@@ -5,10 +5,10 @@ from typing import Any, Callable, Sequence
 
 from device_model import Va1Config
 from guest_driver.uapi import GuestOS
+from hwspec.va1 import VfResources
 
 from vmm.host import Host, HostPciFunction
 from vmm.machine import Machine
-from vmm.sriov import VfResources
 from vmm.vm import PassthroughVa1, Vm
 
 ATTACHMENTS = ("mmio", "passthrough")

@@ -20,9 +20,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
 from device_model import Va1Config
+from hwspec.va1 import VfResources
 
 from ..images import tenant_seed
-from vmm.sriov import VfResources
 from ..testing.tenants import TenantBed, check_victim, jain, percentile
 from ..guests.tenant import checked_gemm
 

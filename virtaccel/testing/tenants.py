@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from device_model import Va1Config
+from hwspec.va1 import VfResources
 
 from vmm.host import CardFactory, Host, HostPciFunction, PfDriverFactory
 from ..images import tenant_seed
 from vmm.iommu import format_bdf
 from vmm.machine import GuestTask, Machine
-from vmm.sriov import VfResources
 from ..guests.tenant import checked_gemm, expected_checksums
 from vmm.trace import TraceEvent
 from vmm.vm import Vm
