@@ -30,7 +30,7 @@ def test_from_mapping_takes_dicts_objects_and_itself() -> None:
 @pytest.mark.parametrize("field, value", [("weight", 1 << 32), ("device_memory", -1),
                                           ("priority", "1")])
 def test_encode_refuses_a_value_its_field_cannot_hold(field: str, value: object) -> None:
-    r = dataclasses.replace(VfResources(), **{field: value})
+    r = dataclasses.replace(VfResources(), **{field: value})  # type: ignore[arg-type]
     with pytest.raises(HwspecError, match=f"va1_vf_resources.{field}="):
         r.encode()
 

@@ -21,6 +21,7 @@ from typing import Callable, ClassVar
 from guest_driver.kernel import MsiMessage
 from hwspec.pci import MSI_ADDRESS_BASE
 
+from .errors import VmmError
 from .machine import Machine, PendingIrq
 from .msi import MsiDomain, RequesterMsiPort, UnknownMsi
 
@@ -29,8 +30,9 @@ MSI_FIRST_VECTOR = 32    # x86: 0-31 are exceptions
 MSI_LAST_VECTOR = 0xEF   # 0xF0 and up are the kernel's own (IPIs, timers)
 
 
-class IrqError(ValueError):
-    pass
+class IrqError(VmmError, ValueError):
+    """A bad request to a VM's interrupt controller (no such line, line taken, MSI not
+    allocated here). Nothing changed."""
 
 
 class Line(PendingIrq):

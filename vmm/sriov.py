@@ -30,6 +30,7 @@ from hwspec import pci as P
 from hwspec import va1 as A
 from hwspec.va1 import VfResources
 
+from .errors import VmmError
 from .iommu import IommuDma, format_bdf
 from .pci.host_bridge import BarWindow, PciError, size_bar_registers
 
@@ -40,7 +41,7 @@ ALL_ONES32 = 0xFFFF_FFFF
 MAX_EXT_CAPS = (P.CFG_SPACE_EXP_SIZE - P.EXT_CAP_START) // 4
 
 
-class SriovError(ValueError):
+class SriovError(VmmError, ValueError):
     """A bad SR-IOV request to the host (no capability, VF out of range...). Nothing changed."""
 
 

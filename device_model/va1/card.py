@@ -22,6 +22,7 @@ from hwspec import va1
 from hwspec import virtio_admin as VA
 from hwspec.va1 import AdminOp, VfResources
 
+from ..errors import DeviceModelError
 from ..ports import DevicePorts, Tracer
 from .config import Va1Config
 from .device import Va1Device
@@ -60,7 +61,9 @@ class VfPartition:
         return self.resources.device_memory
 
 
-class AdminError(Exception):
+class AdminError(DeviceModelError):
+    """An admin command the card refuses: its virtio admin status and qualifier."""
+
     def __init__(self, status: int, qualifier: int, message: str) -> None:
         super().__init__(message)
         self.status = status
