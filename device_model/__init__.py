@@ -11,6 +11,7 @@ Wiring (by the VMM):
     card = Va1Card(Va1Config(), DevicePorts(...), memory_size=..., total_vfs=64)
     pf = VirtioPciFunction.physical_function(card, msi=msi_port, platform=sriov_platform)
 """
+from .errors import DeviceModelError
 from .ports import DevicePorts, DmaFault
 from .va1.card import Va1Card
 from .va1.config import Va1Config
@@ -19,5 +20,5 @@ from .virtio.mmio import MmioTransport, Violation
 from .virtio.pci import VirtioPciFunction
 from .virtio.queue import RingError
 
-__all__ = ["DevicePorts", "DmaFault", "MmioTransport", "RingError", "Va1Card", "Va1Config",
+__all__ = ["DeviceModelError", "DevicePorts", "DmaFault", "MmioTransport", "RingError", "Va1Card", "Va1Config",
            "Va1Device", "VirtioPciFunction", "Violation"]

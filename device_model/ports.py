@@ -10,8 +10,10 @@ from typing import Callable, Protocol
 
 import numpy as np
 
+from .errors import DeviceModelError
 
-class DmaFault(Exception):
+
+class DmaFault(DeviceModelError):
     """A device DMA to an address that is not backed or not mapped. Nothing was touched."""
 
     def __init__(self, iova: int, length: int, write: bool, reason: str) -> None:

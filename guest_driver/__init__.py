@@ -8,5 +8,9 @@ allocators), `pci` (ECAM scan, BAR sizing, capability walks, FLR, `pci.msix`),
 virtqueue), `va1.driver` (one VA-1 function, any transport), `va1.fence`, `va1.devmem`,
 `va1.devfile` (the uAPI of `uapi`, per-context address spaces), `va1.pf` (the host's PF
 management API: SR-IOV enable, VF provisioning through the admin queue). Imports only
-hwspec, numpy, cffi and the stdlib.
+hwspec, numpy, cffi and the stdlib. Every exception defined here derives from
+`GuestDriverError` (`errors`).
 """
+from .errors import GuestDriverError
+
+__all__ = ["GuestDriverError"]

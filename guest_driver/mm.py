@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import bisect
 
+from .errors import GuestDriverError
+
 PAGE_SIZE = 4096
 
 
-class AllocError(MemoryError):
+class AllocError(GuestDriverError, MemoryError):
     """No free range large enough (ENOMEM)."""
 
 

@@ -4,8 +4,12 @@ See docs/spec.md for the prose rules behind each number.
 """
 from __future__ import annotations
 
+import struct
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
 from enum import IntEnum
 
+from .errors import HwspecError
 from .layout import Layout
 
 # Identity. Virtio device type 60 is not assigned by OASIS; VA-1 uses it.
@@ -231,3 +235,71 @@ MAX_PRIORITY = 2
 DEFAULT_EXEC_QUANTUM_NS = 100_000            # 100 us
 DEFAULT_PREEMPTION_TIMEOUT_NS = 1_000_000_000  # 1 s of device time per command
 MAX_SUBMIT_QUEUES_PER_FUNCTION = 16
+# What a provisioning request asks for when it names no device memory (VF Enable itself
+# gives every VF an equal share of the pool; this is only the request's default).
+DEFAULT_VF_DEVICE_MEMORY = 64 << 20
+
+
+@dataclass(frozen=True)
+class VfResources:
+    """va1_vf_resources (`VF_RESOURCES`) as values: what the PF provisions for one VF
+    through the admin queue (VF_RESOURCES_SET / GET). Fields in layout order.
+
+    Only packing lives here: `encode` checks each field against its width, `decode`
+    the length. The rules on values (device_memory a non-zero multiple of
+    PARTITION_ALIGN, weight >= 1, ...) are the datasheet's, checked by the device and,
+    first, by the driver, each its own way."""
+    device_memory: int = DEFAULT_VF_DEVICE_MEMORY   # bytes, multiple of PARTITION_ALIGN
+    num_submit_queues: int = DEFAULT_VF_NUM_SUBMIT_QUEUES
+    max_contexts: int = DEFAULT_VF_MAX_CONTEXTS
+    weight: int = DEFAULT_WEIGHT                   # WFQ weight across functions, >= 1
+    priority: int = DEFAULT_PRIORITY               # 0 normal, 1 high, 2 realtime
+    exec_quantum_ns: int = DEFAULT_EXEC_QUANTUM_NS
+    preemption_timeout_ns: int = DEFAULT_PREEMPTION_TIMEOUT_NS
+
+    @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+    @classmethod
+    def field_limits(cls) -> dict[str, int]:
+        """The largest value each field's width holds ({name: 2**bits - 1})."""
+        return {name: (1 << 8 * struct.calcsize("<" + code)) - 1
+                for name, code in VF_RESOURCES.fields}
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+    @classmethod
+    def from_mapping(cls, values: "VfResources | Mapping[str, int] | object") -> "VfResources":
+        """From a mapping (keys other than the field names are ignored) or any object
+        with the field names as attributes; missing fields take their defaults."""
+        if isinstance(values, cls):
+            return values
+        names = cls.field_names()
+        if isinstance(values, Mapping):
+            return cls(**{k: int(v) for k, v in values.items() if k in names})
+        return cls(**{k: int(getattr(values, k)) for k in names if hasattr(values, k)})
+
+    def encode(self) -> bytes:
+        """The va1_vf_resources bytes; HwspecError naming a field that does not fit."""
+        limits = self.field_limits()
+        values = []
+        for name in VF_RESOURCES.names:
+            v = getattr(self, name)
+            if not isinstance(v, int) or not 0 <= v <= limits[name]:
+                raise HwspecError(f"va1_vf_resources.{name}={v!r} is not an integer in "
+                                  f"0..{limits[name]:#x}")
+            values.append(v)
+        return struct.pack(VF_RESOURCES.format, *values)
+
+    @classmethod
+    def decode(cls, data: bytes) -> "VfResources":
+        """From va1_vf_resources bytes (extra bytes ignored); HwspecError when short."""
+        if len(data) < VF_RESOURCES.size:
+            raise HwspecError(f"va1_vf_resources needs {VF_RESOURCES.size} bytes, "
+                              f"got {len(data)}")
+        return cls(*struct.unpack_from(VF_RESOURCES.format, data))
+
+
+assert VfResources.field_names() == VF_RESOURCES.names, "VfResources drifted from VF_RESOURCES"

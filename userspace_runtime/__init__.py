@@ -6,6 +6,7 @@ command ISA.
 """
 from __future__ import annotations
 
+from ._errors import UserspaceRuntimeError
 from .commands import CommandBufferBuilder
 from .runtime import (
     Buffer,
@@ -34,4 +35,5 @@ __all__ = [
     "Stream",
     "SubmissionResult",
     "UseAfterFreeError",
+    "UserspaceRuntimeError",
 ]

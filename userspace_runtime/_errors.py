@@ -4,7 +4,11 @@ from __future__ import annotations
 from hwspec.va1 import NO_OFFSET, Status
 
 
-class DriverError(OSError):
+class UserspaceRuntimeError(Exception):
+    """Root of every exception userspace_runtime defines (docs/architecture.md, "Errors")."""
+
+
+class DriverError(UserspaceRuntimeError, OSError):
     """An ioctl (or open) on the device file failed; keeps the driver's errno.
 
     The message names the call and its arguments, so `EINVAL` alone never reaches the
@@ -12,11 +16,11 @@ class DriverError(OSError):
     """
 
 
-class UseAfterFreeError(RuntimeError):
+class UseAfterFreeError(UserspaceRuntimeError, RuntimeError):
     """A freed buffer, destroyed stream/context or closed device was used."""
 
 
-class ContextMismatchError(ValueError):
+class ContextMismatchError(UserspaceRuntimeError, ValueError):
     """An object of one context was used with another context (or device)."""
 
 
@@ -27,7 +31,7 @@ def status_name(code: int) -> str:
         return f"UNKNOWN_STATUS_{code}"
 
 
-class DeviceError(RuntimeError):
+class DeviceError(UserspaceRuntimeError, RuntimeError):
     """A submission completed with a status other than OK.
 
     `status`/`status_name` is the device's code, `error_offset` the byte offset of the

@@ -23,13 +23,14 @@ from hwspec import isa, va1
 
 from . import codeobject as co
 from ._device import Buffer, Context
+from ._errors import UserspaceRuntimeError
 from ._stream import Pending, Stream
 from .commands import CommandBufferBuilder, decode
 
 __all__ = ["Function", "LoadedModule", "Module", "ModuleError"]
 
 
-class ModuleError(ValueError):
+class ModuleError(UserspaceRuntimeError, ValueError):
     """A module cannot be loaded or launched here (device lacks a feature, memory ...)."""
 
 

@@ -239,7 +239,7 @@ def _memory(c: _Checker, raw: Any, where: str) -> int:
 
 def _resources(c: _Checker, table: dict[str, Any], where: str) -> dict[str, int]:
     """VF resources: hwspec.va1.VF_RESOURCES names; device_memory may be a size text."""
-    from vmm.sriov import VfResources
+    from hwspec.va1 import VfResources
     names = VfResources.field_names()
     c.keys(table, where, names)
     out: dict[str, int] = {}

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Mapping, Se
 
 from device_model import Va1Config
 from guest_driver.uapi import GuestOS
-from vmm.sriov import VfResources
+from hwspec.va1 import VfResources
 from vmm.host import CardFactory, Host, HostPciFunction, PfDriverFactory
 from vmm.machine import GuestTask, Machine
 from vmm.trace import Trace, TraceEvent

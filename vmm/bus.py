@@ -9,6 +9,8 @@ import bisect
 from dataclasses import dataclass
 from typing import Protocol
 
+from .errors import VmmError
+
 
 class MmioHandler(Protocol):
     def read(self, offset: int, size: int) -> int: ...
@@ -16,8 +18,9 @@ class MmioHandler(Protocol):
     def write(self, offset: int, size: int, value: int) -> None: ...
 
 
-class BusError(ValueError):
-    pass
+class BusError(VmmError, ValueError):
+    """A bad request to an MMIO bus (invalid or overlapping region, none to remove).
+    Nothing changed."""
 
 
 @dataclass(frozen=True)

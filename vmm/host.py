@@ -1,4 +1,4 @@
-"""The host machine: its physical PCI functions, IOMMU, MSI domain and eventfds.
+"""The host machine: its physical PCI functions, IOMMU, MSI domain and eventfds, assembled.
 
 Why: passthrough only means something when the device belongs to someone other than
 the guest. The host owns the "physical" VA-1 function(s): each has a requester ID
@@ -9,106 +9,30 @@ eventfds). Host firmware assigns the functions' BARs on a host PCI segment.
 """
 from __future__ import annotations
 
-import errno
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from device_model import DevicePorts, Va1Config, Va1Device, VirtioPciFunction
 from device_model.pci.api import PciFunction
-from device_model.ports import DmaPort, MsiPort, Tracer
-from guest_driver.kernel import MsiMessage
+from device_model.ports import DmaPort, MsiPort
 from hwspec import pci as P
 from hwspec import va1 as A
+from hwspec.va1 import VfResources
 
 from .bus import MmioBus
 from .host_kernel import HostKernelServices, make_host_kernel
-from .sriov import HostSriovPlatform, PfDriver, SriovError, VfResources
+from .sriov import HostSriovPlatform, PfDriver, SriovError
 from .eventfd import EventfdWaitQueues
 from .iommu import Iommu, IommuDma, bdf, format_bdf
-from .irq import UnknownMsi
 from .machine import Machine
+from .msi import HOST_MSI_REMAPPED_LAST, HostMsiDomain
 from .pci.host_bridge import PciHost, PciSlot
 from .vfio.group import VfioGroup
 from .vfio.pci_device import VfioPciDevice
 
-HOST_MSI_FIRST = 0x30
-HOST_MSI_LAST = 0xEF
-# With interrupt remapping the message data is a handle into the remapping table, not
-# a CPU vector: a host with many VFs (64 VFs x 5 MSI-X vectors) needs more than one
-# CPU's 192 vectors. Host() uses this much larger space.
-HOST_MSI_REMAPPED_LAST = 0x30 + 0x4000
-
-
-class HostMsiDomain:
-    """Host interrupt vectors -> callbacks, with interrupt remapping.
-
-    Each function sends through its own port (`port(requester_id)`), so every message
-    carries its requester ID, as an MSI write on PCIe does. A vector allocated for one
-    requester only fires for messages from that requester: anything else is blocked
-    and logged (an interrupt-remapping fault), so a guest that reprograms its
-    function's physical MSI-X table (say, through the virtio PCI_CFG window) cannot
-    raise another function's interrupts. A message runs its vector's callback
-    synchronously, inside the device event that sent it."""
-
-    def __init__(self, tracer: Tracer, first: int = HOST_MSI_FIRST, last: int = HOST_MSI_LAST) -> None:
-        self._trace = tracer
-        self.first, self.last = first, last
-        self._vectors: dict[int, tuple[Callable[[], None], str, int | None]] = {}
-        self.unknown: list[UnknownMsi] = []
-        self.delivered = 0
-
-    def alloc(self, callback: Callable[[], None], name: str,
-              requester_id: int | None = None) -> MsiMessage:
-        """A free vector for `callback`, accepted only from `requester_id` when given."""
-        for v in range(self.first, self.last + 1):
-            if v not in self._vectors:
-                self._vectors[v] = (callback, name, requester_id)
-                return MsiMessage(P.MSI_ADDRESS_BASE, v)
-        raise OSError(errno.ENOSPC, "host MSI vectors exhausted")
-
-    def free(self, msg: MsiMessage) -> None:
-        self._vectors.pop(msg.data, None)
-
-    def allocated(self) -> int:
-        return len(self._vectors)
-
-    def port(self, requester_id: int) -> "HostMsiPort":
-        return HostMsiPort(self, requester_id)
-
-    def send(self, address: int, data: int) -> None:
-        """A message with no requester ID (host-internal); only unowned vectors fire."""
-        self.deliver(None, address, data)
-
-    def deliver(self, requester_id: int | None, address: int, data: int) -> None:
-        entry = None
-        reason = "no such host vector"
-        if P.MSI_ADDRESS_BASE <= address < P.MSI_ADDRESS_BASE + P.MSI_ADDRESS_SIZE:
-            entry = self._vectors.get(data)
-        else:
-            reason = f"address {address:#x} is outside the MSI window"
-        if entry is not None and entry[2] is not None and entry[2] != requester_id:
-            who = "no requester" if requester_id is None else format_bdf(requester_id)
-            reason = f"vector {data} belongs to {format_bdf(entry[2])}, not {who} (remapping)"
-            entry = None
-        if entry is None:
-            self.unknown.append(UnknownMsi(address, data, reason))
-            self._trace.emit("host_msi_blocked", address=address, data=data, reason=reason,
-                             requester="" if requester_id is None else format_bdf(requester_id))
-            return
-        self.delivered += 1
-        self._trace.emit("host_msi", vector=data, name=entry[1])
-        entry[0]()
-
-
-class HostMsiPort:
-    """device_model.ports.MsiPort of one host function: its messages carry its ID."""
-
-    def __init__(self, domain: HostMsiDomain, requester_id: int) -> None:
-        self.domain = domain
-        self.requester_id = requester_id
-
-    def send(self, address: int, data: int) -> None:
-        self.domain.deliver(self.requester_id, address, data)
+if TYPE_CHECKING:
+    from guest_driver.va1.pf import VA1Pf
 
 
 @dataclass
@@ -140,7 +64,8 @@ class Host:
         self.name = name
         self.tracer = machine.trace.tracer(name)
         self.iommu = Iommu(tracer=machine.trace.tracer(f"{name}.iommu"))
-        self.msi = HostMsiDomain(machine.trace.tracer(f"{name}.msi"), last=HOST_MSI_REMAPPED_LAST)
+        self.msi = HostMsiDomain(machine.trace.tracer(f"{name}.msi"), last=HOST_MSI_REMAPPED_LAST,
+                                 name=f"{name}.msi")
         self.eventfds = EventfdWaitQueues()
         self.bus = MmioBus()  # the host physical address space the BARs decode in
         self.pci = PciHost(self.bus, machine.trace.tracer(f"{name}.pci"), f"{name}.pci",
@@ -272,7 +197,7 @@ class Host:
             drv = self.pf_drivers[hf.name] = make(self.host_kernel(hf), hf)
         return drv
 
-    def enable_sriov(self, num_vfs: int, resources: Sequence[VfResources | dict[str, int]] | None = None,
+    def enable_sriov(self, num_vfs: int, resources: Sequence[VfResources | Mapping[str, int]] | None = None,
                      *, pf: HostPciFunction | str | None = None, bind: bool = True
                      ) -> list[HostPciFunction]:
         """Enable `num_vfs` VFs through the PF driver, provision each through the admin
@@ -355,15 +280,15 @@ def default_pf_driver_factory(kernel: HostKernelServices, hf: HostPciFunction) -
     bdf_ = Bdf(0, hf.slot.bus, hf.slot.dev, hf.slot.fn)
     fn = read_function(ConfigSpace(kernel.mmio, bridge.ecam_base, bdf_), bridge)
     drv = pfmod.probe_pf(kernel, fn, name=f"pf-{format_bdf(hf.requester_id)}", host=bridge)
-    return _PfDriverAdapter(drv, pfmod)
+    return _PfDriverAdapter(drv)
 
 
 class _PfDriverAdapter:
-    """guest_driver.va1.pf.VA1Pf with set_resources taking vmm.sriov.VfResources too."""
+    """guest_driver.va1.pf.VA1Pf as a PfDriver: set_resources takes a mapping too,
+    stats come as a dict."""
 
-    def __init__(self, drv: Any, pfmod: Any) -> None:
+    def __init__(self, drv: "VA1Pf") -> None:
         self.drv = drv
-        self._pfmod = pfmod
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.drv, name)
@@ -371,12 +296,11 @@ class _PfDriverAdapter:
     def sriov_configure(self, num_vfs: int) -> int:
         return int(self.drv.sriov_configure(num_vfs))
 
-    def set_resources(self, vf: int, resources: Any) -> None:
-        r = VfResources.from_mapping(resources)
-        self.drv.set_resources(vf, self._pfmod.VfResources(**r.as_dict()))
+    def set_resources(self, vf: int, resources: VfResources | Mapping[str, int]) -> None:
+        self.drv.set_resources(vf, VfResources.from_mapping(resources))
 
     def get_resources(self, vf: int) -> VfResources:
-        return VfResources.from_mapping(self.drv.get_resources(vf))
+        return self.drv.get_resources(vf)
 
     def stop(self, vf: int) -> None:
         self.drv.stop(vf)

@@ -32,6 +32,7 @@ from typing import Iterator, Union
 import numpy as np
 from device_model.ports import DmaFault, Tracer
 
+from .errors import VmmError
 from .memory import GuestMemory, HostMemory
 
 PAGE_SHIFT = 12
@@ -42,7 +43,7 @@ U64_LIMIT = 1 << 64
 Backing = Union[GuestMemory, HostMemory, np.ndarray]
 
 
-class IommuError(ValueError):
+class IommuError(VmmError, ValueError):
     """A bad request to the IOMMU itself (map, unmap, attach). Nothing was changed."""
 
 
@@ -194,7 +195,7 @@ class IommuDomain:
         return out
 
 
-class _Refused(Exception):
+class _Refused(VmmError):
     """Internal: a translation failed; IommuDma turns it into a logged DmaFault."""
 
     def __init__(self, reason: str) -> None:

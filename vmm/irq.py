@@ -5,31 +5,34 @@ handler runs in guest context at the guest's next wait. A line still high after 
 handler returns is delivered again (level semantics), after the latency once more.
 
 MSI (x86 style): the guest allocates a vector and gets the message a device must write
-(`MsiMessage`: an address in the 0xFEE00000 window, data = the vector). A message sent
-to the controller (`deliver_msi`, or `msi_port().send` from a device) is edge-triggered:
-it is queued after the latency and its handler runs at the guest's next wait; a second
-message for a vector already pending is coalesced, as the local APIC's IRR holds one bit
-per vector. A message for no allocated vector is logged (`unknown_msi`) and traced,
-never raised: it comes from a device the guest programmed, possibly wrongly.
+(`MsiMessage`: an address in the 0xFEE00000 window, data = the vector). Messages are
+decoded, logged and counted by the controller's `GuestMsiDomain` (the shared delivery
+path of vmm/msi.py): a message sent to the controller (`deliver_msi`, or
+`msi_port().send` from a device) is edge-triggered: it is queued after the latency and
+its handler runs at the guest's next wait; a second message for a vector already pending
+is coalesced, as the local APIC's IRR holds one bit per vector. A message for no
+allocated vector is logged (`unknown_msi`) and traced, never raised: it comes from a
+device the guest programmed, possibly wrongly.
 """
 from __future__ import annotations
 
-import errno
-from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, ClassVar
 
 from guest_driver.kernel import MsiMessage
-from hwspec.pci import MSI_ADDRESS_BASE, MSI_ADDRESS_SIZE
+from hwspec.pci import MSI_ADDRESS_BASE
 
+from .errors import VmmError
 from .machine import Machine, PendingIrq
+from .msi import MsiDomain, RequesterMsiPort, UnknownMsi
 
 STORM_LIMIT = 100_000
 MSI_FIRST_VECTOR = 32    # x86: 0-31 are exceptions
 MSI_LAST_VECTOR = 0xEF   # 0xF0 and up are the kernel's own (IPIs, timers)
 
 
-class IrqError(ValueError):
-    pass
+class IrqError(VmmError, ValueError):
+    """A bad request to a VM's interrupt controller (no such line, line taken, MSI not
+    allocated here). Nothing changed."""
 
 
 class Line(PendingIrq):
@@ -86,16 +89,12 @@ class Line(PendingIrq):
             self.storm = 0
 
 
-@dataclass(frozen=True)
-class UnknownMsi:
-    """A message that reached the controller for no allocated vector."""
-    address: int
-    data: int
-    reason: str
-
-
 class MsiVector(PendingIrq):
-    """One allocated MSI vector: edge-triggered, pending at most once."""
+    """One allocated MSI vector: edge-triggered, pending at most once (an MsiTarget of
+    the controller's GuestMsiDomain: an accepted message pends it for the guest)."""
+
+    requester_id: ClassVar[None] = None   # a VM's vectors take messages from any device
+    trace_fields: ClassVar[dict[str, object]] = {}
 
     def __init__(self, chip: "InterruptController", vector: int, handler: Callable[[], None],
                  name: str) -> None:
@@ -119,6 +118,8 @@ class MsiVector(PendingIrq):
         self.pending = True
         self.chip.machine.sched.schedule(self.chip.latency_ns, self._fire, f"msi{self.vector}")
 
+    fire = raise_
+
     def _fire(self) -> None:
         self.chip.machine.pend_irq(self)
 
@@ -131,14 +132,12 @@ class MsiVector(PendingIrq):
         self.handler()
 
 
-class VmMsiPort:
-    """device_model.ports.MsiPort of a device attached straight to one VM."""
+class GuestMsiDomain(MsiDomain[MsiVector]):
+    """A VM's MSI vectors (x86: 32..0xEF, data = the 8-bit vector)."""
 
-    def __init__(self, chip: "InterruptController") -> None:
-        self.chip = chip
-
-    def send(self, address: int, data: int) -> None:
-        self.chip.deliver_msi(address, data)
+    refused_kind = "msi_unknown"
+    accepted_kind = "msi_send"
+    vector_mask = 0xFF
 
 
 class InterruptController:
@@ -151,8 +150,13 @@ class InterruptController:
         self.source = source
         self.latency_ns = latency_ns
         self._lines = [Line(self, n) for n in range(lines)]
-        self._msi: dict[int, MsiVector] = {}
-        self.unknown_msi: list[UnknownMsi] = []
+        self.msi = GuestMsiDomain(machine.trace.tracer(source), source,
+                                  MSI_FIRST_VECTOR, MSI_LAST_VECTOR)
+
+    @property
+    def unknown_msi(self) -> list[UnknownMsi]:
+        """Messages refused for no allocated vector (or outside the window)."""
+        return self.msi.unknown
 
     def line(self, number: int) -> Line:
         if not 0 <= number < len(self._lines):
@@ -175,47 +179,26 @@ class InterruptController:
 
     def alloc_msi(self, handler: Callable[[], None], name: str) -> MsiMessage:
         """The lowest free vector; OSError(ENOSPC) when all are taken."""
-        for v in range(MSI_FIRST_VECTOR, MSI_LAST_VECTOR + 1):
-            if v not in self._msi:
-                vec = MsiVector(self, v, handler, name)
-                self._msi[v] = vec
-                self.trace.emit(self.source, "msi_alloc", {"vector": v, "name": name})
-                return vec.message()
-        raise OSError(errno.ENOSPC, f"{self.source}: all MSI vectors "
-                                    f"{MSI_FIRST_VECTOR}..{MSI_LAST_VECTOR} are allocated")
+        vec = self.msi.add_vector(lambda v: MsiVector(self, v, handler, name))
+        self.trace.emit(self.source, "msi_alloc", {"vector": vec, "name": name})
+        return MsiMessage(MSI_ADDRESS_BASE, vec)
 
     def free_msi(self, msg: MsiMessage) -> None:
-        vec = self._msi.get(msg.data)
-        if vec is None or msg.address != MSI_ADDRESS_BASE:
+        vec = self.msi.vector(msg.data) if msg.address == MSI_ADDRESS_BASE else None
+        if vec is None:
             raise IrqError(f"MSI message (address {msg.address:#x}, data {msg.data:#x}) "
                            "was not allocated here")
         vec.handler = None
-        del self._msi[msg.data]
+        self.msi.remove_vector(msg.data)
         self.trace.emit(self.source, "msi_free", {"vector": msg.data})
 
     def msi_vector(self, vector: int) -> MsiVector | None:
-        return self._msi.get(vector)
+        return self.msi.vector(vector)
 
     def deliver_msi(self, address: int, data: int) -> None:
         """A DWORD write of `data` to `address` reached the interrupt window."""
-        reason = ""
-        vec = None
-        if not MSI_ADDRESS_BASE <= address < MSI_ADDRESS_BASE + MSI_ADDRESS_SIZE:
-            reason = f"address {address:#x} is outside the MSI window"
-        elif data & ~0xFF:
-            reason = f"data {data:#x} has bits above the vector"
-        else:
-            vec = self._msi.get(data)
-            if vec is None:
-                reason = f"vector {data} is not allocated"
-        if vec is None:
-            self.unknown_msi.append(UnknownMsi(address, data, reason))
-            self.trace.emit(self.source, "msi_unknown", {"address": address, "data": data,
-                                                         "reason": reason})
-            return
-        self.trace.emit(self.source, "msi_send", {"vector": data})
-        vec.raise_()
+        self.msi.deliver(None, address, data)
 
-    def msi_port(self) -> VmMsiPort:
+    def msi_port(self) -> RequesterMsiPort:
         """Where a device attached to this VM sends its MSI/MSI-X messages."""
-        return VmMsiPort(self)
+        return self.msi.port(None)

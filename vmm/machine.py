@@ -15,11 +15,12 @@ import threading
 from collections import deque
 from typing import Any, Callable
 
+from .errors import VmmError
 from .scheduler import Scheduler, SchedulerError
 from .trace import Trace
 
 
-class GuestDeadlock(RuntimeError):
+class GuestDeadlock(VmmError, RuntimeError):
     """A guest task waits with no timeout, no pending event and no other task to run."""
 
 

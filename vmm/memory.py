@@ -10,8 +10,10 @@ import os
 
 import numpy as np
 
+from .errors import VmmError
 
-class GuestMemoryError(ValueError):
+
+class GuestMemoryError(VmmError, ValueError):
     """An access outside guest RAM. Nothing was read or written."""
 
 

@@ -9,9 +9,12 @@ from __future__ import annotations
 import heapq
 from typing import Callable
 
+from .errors import VmmError
 
-class SchedulerError(RuntimeError):
-    pass
+
+class SchedulerError(VmmError, RuntimeError):
+    """The scheduler or the machine's tasks were misused: an event in the past or with a
+    negative delay, a skip past a due event, a task spawned late, a wait outside a task."""
 
 
 class Timer:

@@ -20,7 +20,7 @@ the PCI core and the IOMMU do on a real host (device_model.pci.api.SriovPlatform
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 from device_model import DevicePorts
@@ -28,7 +28,9 @@ from device_model.pci.api import PciFunction
 from device_model.ports import MsiPort
 from hwspec import pci as P
 from hwspec import va1 as A
+from hwspec.va1 import VfResources
 
+from .errors import VmmError
 from .iommu import IommuDma, format_bdf
 from .pci.host_bridge import BarWindow, PciError, size_bar_registers
 
@@ -39,40 +41,8 @@ ALL_ONES32 = 0xFFFF_FFFF
 MAX_EXT_CAPS = (P.CFG_SPACE_EXP_SIZE - P.EXT_CAP_START) // 4
 
 
-class SriovError(ValueError):
+class SriovError(VmmError, ValueError):
     """A bad SR-IOV request to the host (no capability, VF out of range...). Nothing changed."""
-
-
-@dataclass(frozen=True)
-class VfResources:
-    """What the PF provisions for one VF through the admin queue (hwspec.va1.VF_RESOURCES)."""
-    device_memory: int = 64 << 20
-    num_submit_queues: int = A.DEFAULT_VF_NUM_SUBMIT_QUEUES
-    max_contexts: int = A.DEFAULT_VF_MAX_CONTEXTS
-    weight: int = A.DEFAULT_WEIGHT
-    priority: int = A.DEFAULT_PRIORITY
-    exec_quantum_ns: int = A.DEFAULT_EXEC_QUANTUM_NS
-    preemption_timeout_ns: int = A.DEFAULT_PREEMPTION_TIMEOUT_NS
-
-    def as_dict(self) -> dict[str, int]:
-        return asdict(self)
-
-    @classmethod
-    def field_names(cls) -> tuple[str, ...]:
-        return tuple(f.name for f in fields(cls))
-
-    @classmethod
-    def from_mapping(cls, values: Any) -> "VfResources":
-        """From a dict or any object with the VF_RESOURCES field names as attributes."""
-        if isinstance(values, cls):
-            return values
-        names = cls.field_names()
-        if isinstance(values, dict):
-            return cls(**{k: int(v) for k, v in values.items() if k in names})
-        return cls(**{k: int(getattr(values, k)) for k in names if hasattr(values, k)})
-
-
-assert set(VfResources.field_names()) == set(A.VF_RESOURCES.names), "VfResources drifted from hwspec"
 
 
 class PfDriver(Protocol):
@@ -80,15 +50,15 @@ class PfDriver(Protocol):
 
     def sriov_configure(self, num_vfs: int) -> int: ...
 
-    def set_resources(self, vf: int, resources: Any) -> None: ...
+    def set_resources(self, vf: int, resources: VfResources) -> None: ...
 
-    def get_resources(self, vf: int) -> Any: ...
+    def get_resources(self, vf: int) -> VfResources: ...
 
     def stop(self, vf: int) -> None: ...
 
     def resume(self, vf: int) -> None: ...
 
-    def stats(self, vf: int) -> Any: ...
+    def stats(self, vf: int) -> dict[str, int]: ...
 
     def reset_vf(self, vf: int) -> None: ...
 

@@ -20,8 +20,9 @@ from typing import TYPE_CHECKING, Protocol
 
 from hwspec import va1
 from hwspec import virtio_admin as VA
-from hwspec.va1 import AdminOp
+from hwspec.va1 import AdminOp, VfResources
 
+from ..errors import DeviceModelError
 from ..ports import DevicePorts, Tracer
 from .config import Va1Config
 from .device import Va1Device
@@ -49,23 +50,20 @@ class AdminHandler(Protocol):
 
 
 @dataclass
-class VfResources:
-    device_memory: int
-    num_submit_queues: int = va1.DEFAULT_VF_NUM_SUBMIT_QUEUES
-    max_contexts: int = va1.DEFAULT_VF_MAX_CONTEXTS
-    weight: int = va1.DEFAULT_WEIGHT
-    priority: int = va1.DEFAULT_PRIORITY
-    exec_quantum_ns: int = va1.DEFAULT_EXEC_QUANTUM_NS
-    preemption_timeout_ns: int = va1.DEFAULT_PREEMPTION_TIMEOUT_NS
+class VfPartition:
+    """One VF's share of the card: its resources as provisioned (VF_RESOURCES_SET) and
+    where its memory partition starts on the card."""
+    resources: VfResources
     base: int = 0                  # card offset of the partition
 
-    def pack(self) -> bytes:
-        return struct.pack(va1.VF_RESOURCES.format, self.device_memory,
-                           self.num_submit_queues, self.max_contexts, self.weight,
-                           self.priority, self.exec_quantum_ns, self.preemption_timeout_ns)
+    @property
+    def device_memory(self) -> int:
+        return self.resources.device_memory
 
 
-class AdminError(Exception):
+class AdminError(DeviceModelError):
+    """An admin command the card refuses: its virtio admin status and qualifier."""
+
     def __init__(self, status: int, qualifier: int, message: str) -> None:
         super().__init__(message)
         self.status = status
@@ -104,7 +102,7 @@ class Va1Card:
         self.platform: SriovPlatform | None = None
         self.vf_functions: list[VirtioPciFunction] = []
         self.vf_devices: list[Va1Device] = []
-        self.resources: list[VfResources] = []
+        self.partitions: list[VfPartition] = []   # VF n is partitions[n - 1]
         self.used_opcodes = _SUPPORTED_BITMAP & ((1 << VA.CMD_LIST_QUERY) | (1 << VA.CMD_LIST_USE))
 
     @property
@@ -137,10 +135,11 @@ class Va1Card:
             if num_vfs else 0
         contexts = min(va1.DEFAULT_VF_MAX_CONTEXTS, self.vf_context_pool // max(num_vfs, 1))
         for n in range(1, num_vfs + 1):
-            r = VfResources(share, max_contexts=max(contexts, 1), base=lo + (n - 1) * share)
+            r = VfResources(share, max_contexts=max(contexts, 1))
+            part = VfPartition(r, base=lo + (n - 1) * share)
             ports, msi = self.platform.vf_ports(n)
             dev = Va1Device(self._vf_config(r), ports,
-                            memory=self.memory.partition(r.base, r.device_memory),
+                            memory=self.memory.partition(part.base, r.device_memory),
                             scheduler=self.scheduler, function_index=n)
             self._apply_sched(dev, r)
             fn = VirtioPciFunction(dev, msi, tracer=ports.tracer,
@@ -148,8 +147,8 @@ class Va1Card:
                                    + va1.MAX_SUBMIT_QUEUES_PER_FUNCTION,
                                    vf_of=self.pf_function, vf_number=n)
             fn.card = self
-            self.memory.scrub(r.base, r.device_memory)
-            self.resources.append(r)
+            self.memory.scrub(part.base, r.device_memory)
+            self.partitions.append(part)
             self.vf_devices.append(dev)
             self.vf_functions.append(fn)
         self.tracer.emit("sriov_enable", num_vfs=num_vfs, share=share)
@@ -157,22 +156,22 @@ class Va1Card:
 
     def disable_vfs(self) -> None:
         """VF Enable 1 -> 0 (or PF FLR): every VF reset and dropped."""
-        for dev, r in zip(self.vf_devices, self.resources):
+        for dev, part in zip(self.vf_devices, self.partitions):
             dev.reset()
             dev.processor.detach()
-            self.memory.scrub(r.base, r.device_memory)
+            self.memory.scrub(part.base, part.device_memory)
         self.vf_functions.clear()
         self.vf_devices.clear()
-        self.resources.clear()
+        self.partitions.clear()
         self.tracer.emit("sriov_disable")
         if self.platform is not None:
             self.platform.vfs_disabled()
 
     def vf_flr(self, n: int) -> None:
         """After VF `n`'s FLR: its memory is scrubbed (the next tenant sees zeros)."""
-        if 1 <= n <= len(self.resources):
-            r = self.resources[n - 1]
-            self.memory.scrub(r.base, r.device_memory)
+        if 1 <= n <= len(self.partitions):
+            part = self.partitions[n - 1]
+            self.memory.scrub(part.base, part.device_memory)
 
     def vf_stats(self, n: int) -> dict[str, int]:
         m = self.vf_devices[n - 1].metrics
@@ -245,7 +244,7 @@ class Va1Card:
             return b""
         if opcode == AdminOp.VF_RESOURCES_GET:
             self._need(room, va1.VF_RESOURCES.size)
-            return self.resources[n - 1].pack()
+            return self.partitions[n - 1].resources.encode()
         if opcode == AdminOp.VF_STATS:
             self._need(room, va1.VF_STATS.size)
             s = self.vf_stats(n)
@@ -271,8 +270,10 @@ class Va1Card:
                              f"result needs {size} bytes, {room} writable")
 
     def _resources_set(self, n: int, data: bytes) -> None:
-        mem, queues, ctxs, weight, prio, quantum, timeout = struct.unpack(
-            va1.VF_RESOURCES.format, data)
+        req = VfResources.decode(data)
+        mem, queues, ctxs = req.device_memory, req.num_submit_queues, req.max_contexts
+        weight, prio = req.weight, req.priority
+        quantum, timeout = req.exec_quantum_ns, req.preemption_timeout_ns
         bad = []
         if mem == 0 or mem % va1.PARTITION_ALIGN:
             bad.append(f"device_memory {mem:#x}")
@@ -297,7 +298,8 @@ class Va1Card:
         if queues > va1.MAX_SUBMIT_QUEUES_PER_FUNCTION:
             raise AdminError(VA.STATUS_ENOMEM, VA.STATUS_Q_NORESOURCE,
                              f"{queues} submit queues > {va1.MAX_SUBMIT_QUEUES_PER_FUNCTION}")
-        others = sum(r.max_contexts for i, r in enumerate(self.resources) if i != n - 1)
+        others = sum(p.resources.max_contexts for i, p in enumerate(self.partitions)
+                     if i != n - 1)
         if others + ctxs > self.vf_context_pool:
             raise AdminError(VA.STATUS_ENOMEM, VA.STATUS_Q_NORESOURCE,
                              f"contexts {others} + {ctxs} > pool {self.vf_context_pool}")
@@ -307,21 +309,20 @@ class Va1Card:
                              f"{mem:#x} bytes do not fit the VF memory pool")
         # Commit: partitions that moved (or changed size) are scrubbed.
         for i, base in layout.items():
-            r = self.resources[i - 1]
-            size = mem if i == n else r.device_memory
-            if base != r.base or size != r.device_memory:
-                r.base, r.device_memory = base, size
+            part = self.partitions[i - 1]
+            size = mem if i == n else part.device_memory
+            if base != part.base or size != part.device_memory:
+                part.base, part.resources = base, replace(part.resources, device_memory=size)
                 self.memory.scrub(base, size)
                 if i != n:
                     dev = self.vf_devices[i - 1]
-                    dev.reconfigure(self._vf_config(r), self.memory.partition(base, size))
-        r = self.resources[n - 1]
-        r.num_submit_queues, r.max_contexts = queues, ctxs
-        r.weight, r.priority, r.exec_quantum_ns, r.preemption_timeout_ns = (
-            weight, prio, quantum, timeout)
+                    dev.reconfigure(self._vf_config(part.resources),
+                                    self.memory.partition(base, size))
+        part = self.partitions[n - 1]   # in `layout`: its device_memory is `mem` now
+        part.resources = req
         dev = self.vf_devices[n - 1]
-        dev.reconfigure(self._vf_config(r), self.memory.partition(r.base, r.device_memory))
-        self._apply_sched(dev, r)
+        dev.reconfigure(self._vf_config(req), self.memory.partition(part.base, mem))
+        self._apply_sched(dev, req)
         self.tracer.emit("vf_resources", vf=n, device_memory=mem, queues=queues,
                          contexts=ctxs, weight=weight, priority=prio)
 
@@ -329,9 +330,9 @@ class Va1Card:
         """New bases {vf: base} for VF `n` at `size` (others unchanged if possible);
         None if the pool cannot hold it. Only VFs without a live driver move."""
         lo, hi = self.vf_pool
-        cur = self.resources[n - 1]
-        others = [(r.base, r.base + r.device_memory) for i, r in enumerate(self.resources)
-                  if i != n - 1 and r.device_memory]
+        cur = self.partitions[n - 1]
+        others = [(p.base, p.base + p.device_memory) for i, p in enumerate(self.partitions)
+                  if i != n - 1 and p.device_memory]
         total = sum(b - a for a, b in others) + size
         if total > hi - lo:
             return None
@@ -342,13 +343,13 @@ class Va1Card:
             return {n: gap}
         # Repack: live VFs stay; every other VF (n included) is placed again.
         fixed, movable = [], [(size, n)]
-        for i, r in enumerate(self.resources, start=1):
-            if i == n or not r.device_memory:
+        for i, p in enumerate(self.partitions, start=1):
+            if i == n or not p.device_memory:
                 continue
             if self.vf_functions[i - 1].status != 0 or not self.vf_devices[i - 1].processor.idle():
-                fixed.append((r.base, r.base + r.device_memory))
+                fixed.append((p.base, p.base + p.device_memory))
             else:
-                movable.append((r.device_memory, i))
+                movable.append((p.device_memory, i))
         taken = sorted(fixed)
         layout: dict[int, int] = {}
         for sz, i in sorted(movable, key=lambda t: (-t[0], t[1])):

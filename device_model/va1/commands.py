@@ -21,6 +21,7 @@ from hwspec import isa
 from hwspec.isa import DType, Opcode
 from hwspec.va1 import Status
 
+from ..errors import DeviceModelError
 from ..ports import DmaFault, DmaPort
 from .config import Va1Config
 from .aspace import AddressSpace
@@ -45,7 +46,7 @@ _DTYPE_VALUES = frozenset(int(d) for d in DType)
 _WRITTEN = frozenset({"dst", "C", "out", "y"})
 
 
-class CommandError(Exception):
+class CommandError(DeviceModelError):
     """The first invalid command: status (hwspec.va1.Status) and its byte offset."""
 
     def __init__(self, status: Status, offset: int, message: str,

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from hwspec import virtio as V
 
+from ..errors import DeviceModelError
 from ..ports import DmaFault, DmaPort
 
 _U64 = 1 << 64
@@ -22,7 +23,7 @@ _USED_ELEM_FMT = V.USED_ELEM.format
 _USED_ELEM_SIZE = V.USED_ELEM.size
 
 
-class RingError(Exception):
+class RingError(DeviceModelError):
     """The driver broke a ring rule of spec §4: the ring is unusable until reset."""
 
     def __init__(self, rule: str, message: str) -> None:

@@ -10,10 +10,11 @@ from dataclasses import dataclass
 
 from hwspec import pci as P
 
+from ..errors import GuestDriverError
 from ..kernel import MmioAccessor
 
 
-class PciError(RuntimeError):
+class PciError(GuestDriverError, RuntimeError):
     """Malformed or unusable config space of one function (message names it)."""
 
 

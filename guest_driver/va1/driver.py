@@ -31,6 +31,7 @@ from hwspec import va1 as A
 from hwspec import virtio as V
 from hwspec.layout import Layout
 
+from ..errors import GuestDriverError
 from ..kernel import GuestKernel, PlatformDevice
 from ..mm import AllocError, PageAllocator
 from ..virtio.admin import ADMIN_QUEUE_SIZE, AdminError, AdminQueue
@@ -62,7 +63,7 @@ FAULT_STATUSES = frozenset(s for s in A.Status if s not in (
     A.Status.STOPPED))
 
 
-class VA1Error(OSError):
+class VA1Error(GuestDriverError, OSError):
     """An errno-style driver error; the message names what was wrong."""
 
     def __init__(self, err: int, msg: str) -> None:

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import errno
 import struct
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 
 from hwspec import pci as P
 from hwspec import va1 as A
 from hwspec import virtio as V
 from hwspec import virtio_admin as VA
+from hwspec.va1 import VfResources
 
 from ..kernel import GuestKernel, PciHostBridge
 from ..mm import PageAllocator
@@ -41,28 +42,6 @@ VF_ENABLE_WAIT_NS = 100_000_000     # PCIe: 100 ms after VF Enable before VF con
 VF_DISABLE_WAIT_NS = 1_000_000_000  # Linux sriov_disable: ssleep(1)
 PF_OPCODES = frozenset(int(op) for op in A.AdminOp)
 PRIORITY_MAX = A.MAX_PRIORITY
-_U32 = 0xFFFFFFFF
-_U64 = 0xFFFFFFFFFFFFFFFF
-
-
-@dataclass
-class VfResources:
-    """va1_vf_resources: what one VF may use (VF_RESOURCES_SET / GET)."""
-    device_memory: int = 0           # bytes, a multiple of PARTITION_ALIGN (1 MiB)
-    num_submit_queues: int = A.DEFAULT_VF_NUM_SUBMIT_QUEUES
-    max_contexts: int = A.DEFAULT_VF_MAX_CONTEXTS
-    weight: int = A.DEFAULT_WEIGHT   # WFQ weight across functions, >= 1
-    priority: int = A.DEFAULT_PRIORITY  # 0 normal, 1 high, 2 realtime
-    exec_quantum_ns: int = A.DEFAULT_EXEC_QUANTUM_NS
-    preemption_timeout_ns: int = A.DEFAULT_PREEMPTION_TIMEOUT_NS
-
-    def pack(self) -> bytes:
-        return struct.pack(A.VF_RESOURCES.format, *(getattr(self, n)
-                                                     for n in A.VF_RESOURCES.names))
-
-    @classmethod
-    def unpack(cls, data: bytes) -> "VfResources":
-        return cls(*struct.unpack(A.VF_RESOURCES.format, data[:A.VF_RESOURCES.size]))
 
 
 @dataclass
@@ -369,13 +348,13 @@ class VA1Pf:
         live."""
         self._check_vf(vf, A.AdminOp.VF_RESOURCES_SET.name)
         _check_resources(self.name, vf, res)
-        self._call(A.AdminOp.VF_RESOURCES_SET, vf, res.pack(),
+        self._call(A.AdminOp.VF_RESOURCES_SET, vf, res.encode(),
                    detail=f"requested {_fmt(res)}")
         self._trace("vf_resources_set", vf=vf, **{k: int(v) for k, v in asdict(res).items()})
 
     def get_resources(self, vf: int) -> VfResources:
         """VF_RESOURCES_GET."""
-        return VfResources.unpack(self._call(A.AdminOp.VF_RESOURCES_GET, vf, b"",
+        return VfResources.decode(self._call(A.AdminOp.VF_RESOURCES_GET, vf, b"",
                                              A.VF_RESOURCES.size))
 
     def stop(self, vf: int) -> None:
@@ -432,8 +411,7 @@ def _op_name(opcode: int) -> str:
             opcode, f"admin opcode {opcode:#06x}")
 
 
-_FIELD_LIMITS = {f.name: (_U64 if code == "Q" else _U32)
-                 for f, (_, code) in zip(fields(VfResources), A.VF_RESOURCES.fields)}
+_FIELD_LIMITS = VfResources.field_limits()
 
 
 def _check_resources(name: str, vf: int, res: VfResources) -> None:
@@ -491,5 +469,5 @@ def admin_errno(name: str, what: str, status: int, qualifier: int, detail: str =
     return _pf_err(err, f"{name}: {what}: {msg}{tail}")
 
 
-__all__ = ["VA1Pf", "VfResources", "VfStats", "SriovInfo", "probe_pf", "has_sriov",
+__all__ = ["VA1Pf", "VfStats", "SriovInfo", "probe_pf", "has_sriov",
            "admin_errno", "VA1Error", "PF_OPCODES"]

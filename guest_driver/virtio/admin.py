@@ -21,6 +21,7 @@ from typing import Callable, Iterable, NamedTuple
 
 from hwspec import virtio_admin as VA
 
+from ..errors import GuestDriverError
 from ..kernel import GuestKernel
 from ..mm import AllocError, PageAllocator
 from .split_ring import SplitQueue
@@ -39,7 +40,7 @@ class AdminResult(NamedTuple):
     result: bytes
 
 
-class AdminError(OSError):
+class AdminError(GuestDriverError, OSError):
     """An admin command could not be carried out (errno + a message naming it)."""
 
 

@@ -12,6 +12,7 @@ from typing import Generic, Sequence, TypeVar
 
 from hwspec import virtio as V
 
+from ..errors import GuestDriverError
 from ..kernel import PhysMemory
 from ..mm import RangeAllocator, align_up
 
@@ -24,11 +25,11 @@ _USED_ELEM = struct.Struct(V.USED_ELEM.format)
 _U16 = struct.Struct("<H")
 
 
-class QueueFull(Exception):
+class QueueFull(GuestDriverError):
     """Not enough free descriptors for this request right now (wait and retry)."""
 
 
-class RingError(RuntimeError):
+class RingError(GuestDriverError, RuntimeError):
     """The device broke the ring protocol; the queue is unusable until reset."""
 
 

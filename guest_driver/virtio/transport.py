@@ -12,11 +12,13 @@ from typing import Callable, Optional, Protocol, Sequence
 from hwspec import virtio as V
 from hwspec.layout import Layout
 
+from ..errors import GuestDriverError
+
 # handler(config_changed, queues): queues None = any queue may have used buffers.
 InterruptHandler = Callable[[bool, Optional[Sequence[int]]], None]
 
 
-class TransportError(RuntimeError):
+class TransportError(GuestDriverError, RuntimeError):
     """The device is not usable through this transport (named reason in the message)."""
 
 

@@ -22,7 +22,7 @@ def _card(n: int = 4, use: bool = True) -> Card:
 
 def _snapshot(c: Card) -> tuple[object, ...]:
     return (tuple(c.pf.get_resources(n) for n in range(1, len(c.pf_fn.vfs) + 1)),
-            tuple(r.base for r in c.card.resources),
+            tuple(r.base for r in c.card.partitions),
             tuple((f.weight, f.priority, f.stopped) for f in c.card.scheduler.functions),
             tuple(d.num_queues for d in c.card.vf_devices))
 
@@ -61,7 +61,7 @@ def test_default_provisioning_is_an_equal_share() -> None:
         mem, queues, ctxs, weight, prio, quantum, timeout = c.pf.get_resources(n)
         assert (mem, queues, ctxs, weight, prio) == (share, 2, 16, 1, 0)
         assert quantum == 100_000 and timeout == 1_000_000_000
-    bases = [r.base for r in c.card.resources]
+    bases = [r.base for r in c.card.partitions]
     assert bases == [8 * MIB + i * share for i in range(3)]
 
 
@@ -90,17 +90,17 @@ def test_growing_a_vf_repacks_the_idle_ones() -> None:
     for n in (2, 3, 4):
         assert c.pf.set_resources(n, 4 * MIB) == (0, 0)  # shrink in place
     assert c.pf.set_resources(1, POOL - 12 * MIB) == (0, 0)   # needs a repack
-    layout = sorted((r.base, r.base + r.device_memory) for r in c.card.resources)
+    layout = sorted((r.base, r.base + r.device_memory) for r in c.card.partitions)
     assert all(a[1] <= b[0] for a, b in zip(layout, layout[1:]))  # no overlap
     assert layout[0][0] >= 8 * MIB and layout[-1][1] <= 64 * MIB
     assert c.pf.get_resources(1)[0] == POOL - 12 * MIB and share > 4 * MIB
     # a live VF is never moved
     vf3 = c.vf_rig(3)
     vf3.submit(vf3.create_context(), struct.pack("<HHIQQII", 1, 0, 32, 0, 64, 0x77777777, 0))
-    base3 = c.card.resources[2].base
+    base3 = c.card.partitions[2].base
     assert c.pf.set_resources(1, 8 * MIB) == (0, 0)
     assert c.pf.set_resources(2, POOL - 16 * MIB) == (0, 0)
-    assert c.card.resources[2].base == base3
+    assert c.card.partitions[2].base == base3
     assert (c.card.vf_devices[2].memory.data[:64] == 0x77).all()
 
 

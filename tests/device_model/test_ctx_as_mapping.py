@@ -158,7 +158,7 @@ def test_vf_addresses_run_from_zero_to_its_quota() -> None:
     assert v1.submit(ctx, _fill(4 * S.MIB - 64, 64, 0x5A5A5A5A)).status == OK
     r = v1.submit(ctx, _fill(4 * S.MIB - 60, 64, 0x5A5A5A5A))
     assert (r.status, r.error_offset) == (OOB, 0)
-    base = c.card.resources[0].base
+    base = c.card.partitions[0].base
     assert (c.card.memory.data[base + 4 * S.MIB - 64:base + 4 * S.MIB] == 0x5A).all()
 
 
@@ -168,7 +168,7 @@ def test_a_vf_cannot_reach_another_vfs_bytes() -> None:
     c.pf.enable_vfs(3)
     rigs = [c.vf_rig(n) for n in (1, 2, 3)]
     ctxs = [r.create_context() for r in rigs]
-    quota = c.card.resources[0].device_memory
+    quota = c.card.partitions[0].device_memory
     secret = 0x5EC2E7E5
     # VF 2 fills its whole partition
     assert rigs[1].submit(ctxs[1], _fill(0, quota, secret)).status == OK
@@ -181,7 +181,7 @@ def test_a_vf_cannot_reach_another_vfs_bytes() -> None:
         r = rigs[i].submit(ctxs[i], _d2h(quota, host, 8))
         assert r.status == OOB
     # the card memory holds the secret exactly in VF 2's partition
-    base = c.card.resources[1].base
+    base = c.card.partitions[1].base
     words = c.card.memory.data.view("<u4")
     assert (words[base // 4:(base + quota) // 4] == secret).all()
     assert not (words[:base // 4] == secret).any()

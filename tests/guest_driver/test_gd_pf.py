@@ -1,6 +1,7 @@
 """The PF management API: SR-IOV enable/disable through config space (as Linux's
 sriov_enable / sriov_disable), read_sriov, and every VA-1 admin command with every
 status/qualifier -> errno mapping."""
+import dataclasses
 import errno
 
 import pytest
@@ -11,13 +12,13 @@ from gd_sriov_fakes import VF_BAR0_SIZE, make_pf_machine
 from guest_driver.boot import boot
 from guest_driver.mm import PageAllocator
 from guest_driver.pci import scan_host
-from guest_driver.va1.pf import (VF_ENABLE_WAIT_NS, VA1Pf, VfResources, VfStats, admin_errno,
-                                 probe_pf)
+from guest_driver.va1.pf import VF_ENABLE_WAIT_NS, VA1Pf, VfStats, admin_errno, probe_pf
 from guest_driver.virtio.transport import ProbeError
 from hwspec import pci as P
 from hwspec import va1 as A
 from hwspec import virtio as V
 from hwspec import virtio_admin as VA
+from hwspec.va1 import VfResources
 
 PATH = "/dev/accel/accel0"
 MiB = 1 << 20
@@ -136,9 +137,9 @@ def test_resources_set_get_stop_resume_stats_reset():
                       priority=1, exec_quantum_ns=200_000, preemption_timeout_ns=10**8)
     pf.set_resources(2, res)
     assert d.admin_log[-1][:3] == (A.AdminOp.VF_RESOURCES_SET, VA.GROUP_TYPE_SRIOV, 2)
-    assert d.admin_log[-1][3] == res.pack() and len(res.pack()) == A.VF_RESOURCES.size
+    assert d.admin_log[-1][3] == res.encode() and len(res.encode()) == A.VF_RESOURCES.size
     assert pf.get_resources(2) == res
-    assert pf.get_resources(1) == VfResources.unpack(bytes(A.VF_RESOURCES.size))
+    assert pf.get_resources(1) == VfResources.decode(bytes(A.VF_RESOURCES.size))
     pf.stop(3)
     assert d.vfs[3].stopped
     pf.resume(3)
@@ -159,7 +160,7 @@ def test_vf_resources_defaults_come_from_hwspec():
     assert (r.num_submit_queues, r.max_contexts, r.weight, r.priority) == (
         A.DEFAULT_VF_NUM_SUBMIT_QUEUES, A.DEFAULT_VF_MAX_CONTEXTS, A.DEFAULT_WEIGHT,
         A.DEFAULT_PRIORITY)
-    assert VfResources.unpack(r.pack()) == r
+    assert VfResources.decode(r.encode()) == r
 
 
 @pytest.mark.parametrize("field, value, match", [
@@ -180,8 +181,7 @@ def test_bad_resource_fields_are_einval_naming_the_field_and_nothing_is_sent(fie
     k, d, gos, pf = pf_boot()
     pf.sriov_configure(1)
     n = len(d.admin_log)
-    res = VfResources(device_memory=16 * MiB)
-    setattr(res, field, value)
+    res = dataclasses.replace(VfResources(device_memory=16 * MiB), **{field: value})
     expect_errno(errno.EINVAL, pf.set_resources, 1, res, match=f"field {match}")
     assert len(d.admin_log) == n
 

@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterator
 import pytest
 
 from device_model import Va1Config
-from vmm.sriov import VfResources
+from hwspec.va1 import VfResources
 from virtaccel.testing.tenants import TenantBed
 
 SEED = 20261122

@@ -54,7 +54,7 @@ def test_aggressor_flooding_raises_victim_p99_at_most_2x_solo(vfs: int, aggresso
 
 
 def test_sixty_four_vfs_each_in_its_own_vm_all_results_correct(make_bed) -> None:  # type: ignore[no-untyped-def]
-    from vmm.sriov import VfResources
+    from hwspec.va1 import VfResources
     bed = make_bed(64, resources=VfResources(device_memory=4 << 20, num_submit_queues=1,
                                              max_contexts=2), memory=4 << 20)
     assert [vf.vf_index for vf in bed.vfs] == list(range(1, 65))

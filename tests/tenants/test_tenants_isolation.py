@@ -8,9 +8,9 @@ from typing import Any, Callable
 
 import pytest
 
+from hwspec.va1 import VfResources
 from virtaccel.images import tenant_seed
 from vmm.iommu import format_bdf
-from vmm.sriov import VfResources
 from virtaccel.guests import attacks
 from virtaccel.testing.tenants import AttackOutcome, TenantBed, check_victim, percentile, run_attack
 
@@ -227,7 +227,6 @@ def test_malicious_pf_request_naming_a_vf_that_does_not_exist(make_bed) -> None:
 
 
 from vmm.host import _PfDriverAdapter  # noqa: E402  (the adapter keeps the raw driver as .drv)
-import guest_driver.va1.pf as _pf  # noqa: E402
 
-SMALL_VF_PACK = _pf.VfResources(**SMALL_VF.as_dict()).pack()
+SMALL_VF_PACK = SMALL_VF.encode()
 assert _PfDriverAdapter

@@ -13,7 +13,7 @@ from device_model import Va1Config
 from virtaccel import (LaunchError, Session, SessionState, SessionStateError, VirtaccelError,
                        VmSpec, run_model)
 from virtaccel.guests import mlp
-from vmm.sriov import VfResources
+from hwspec.va1 import VfResources
 
 SEED = 20261123
 IMAGES = Path(__file__).resolve().parents[2] / "vm_images"

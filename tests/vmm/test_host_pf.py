@@ -8,10 +8,10 @@ from dataclasses import asdict
 
 import pytest
 
+from hwspec.va1 import VfResources
 from vmm.host import Host
 from vmm.host_kernel import HOST_KERNEL_RAM_BASE
 from vmm.machine import Machine
-from vmm.sriov import VfResources
 
 SEED = 777
 

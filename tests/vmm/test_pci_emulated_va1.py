@@ -5,7 +5,7 @@ from device_model import VirtioPciFunction
 from hwspec import pci as P
 from hwspec import va1
 from vmm.dma import GuestDma
-from vmm.irq import VmMsiPort
+from vmm.msi import RequesterMsiPort
 from vmm.machine import Machine
 from vmm.vm import Vm
 
@@ -17,7 +17,7 @@ def test_attach_va1_pci_puts_the_function_at_00_01_0_with_trapped_bar() -> None:
     try:
         assert acc.slot.address == "00:01.0"
         assert isinstance(acc.function, VirtioPciFunction)
-        assert isinstance(acc.function.msi, VmMsiPort) and acc.function.msi.chip is vm.irqchip
+        assert isinstance(acc.function.msi, RequesterMsiPort) and acc.function.msi.domain is vm.irqchip.msi
         assert isinstance(acc.device.dma, GuestDma)
         (bridge,) = vm.kernel.pci_hosts
         ecam = bridge.ecam_base + P.ecam_offset(0, 1, 0)

@@ -11,10 +11,11 @@ from device_model import DmaFault
 from hwspec import pci as P
 from hwspec import va1 as A
 from hwspec import virtio_pci as VP
+from hwspec.va1 import VfResources
 from vmm.host import Host
 from vmm.iommu import bdf, format_bdf
 from vmm.machine import Machine
-from vmm.sriov import SriovError, VfResources, find_ext_cap
+from vmm.sriov import SriovError, find_ext_cap
 from virtaccel.testing.fake_card import FakePfDriver, fake_card_factory
 
 SEED = 4242

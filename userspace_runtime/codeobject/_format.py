@@ -7,6 +7,8 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._errors import UserspaceRuntimeError
+
 # --- ELF numbers (System V gABI) -------------------------------------------------------
 ELFMAG = b"\x7fELF"
 ELFCLASS64 = 2
@@ -54,7 +56,7 @@ NT_VA1_METADATA = 0x5641  # desc: UTF-8 JSON object (docs/compiler.md); readelf:
 METADATA_FORMAT = 1
 
 
-class CodeObjectError(ValueError):
+class CodeObjectError(UserspaceRuntimeError, ValueError):
     """A code object is malformed; the message names the part and the problem."""
 
 

@@ -13,12 +13,13 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from .._errors import UserspaceRuntimeError
 from . import _ops
 
 DTYPES = ("float32", "float16", "int8", "int32")
 
 
-class GraphError(ValueError):
+class GraphError(UserspaceRuntimeError, ValueError):
     """A graph is invalid: bad operand shapes/dtypes, unknown op, bad attributes."""
 
 

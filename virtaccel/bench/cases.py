@@ -16,7 +16,7 @@ from device_model import Va1Config
 from guest_driver import uapi
 from guest_driver.uapi import GuestOS
 
-from vmm.sriov import VfResources
+from hwspec.va1 import VfResources
 
 from ..session import Session
 from . import ring as bare

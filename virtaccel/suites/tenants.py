@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
 from device_model import Va1Config
-from vmm.sriov import VfResources
+from hwspec.va1 import VfResources
 
 from ..errors import ScenarioError
 from ..guests.tenant import checked_gemm

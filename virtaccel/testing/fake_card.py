@@ -16,8 +16,9 @@ from device_model.pci.api import BarInfo, MsixInfo, PciFunction
 from device_model.ports import MsiPort
 from hwspec import pci as P
 from hwspec import va1 as A
+from hwspec.va1 import VfResources
 
-from vmm.sriov import HostSriovPlatform, SriovError, VfResources
+from vmm.sriov import HostSriovPlatform, SriovError
 
 CAP = P.EXT_CAP_START
 

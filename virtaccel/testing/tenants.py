@@ -23,7 +23,7 @@ from device_model import Va1Config
 from vmm.host import CardFactory, Host, HostPciFunction, PfDriverFactory
 from vmm.iommu import format_bdf
 from vmm.machine import GuestTask, Machine
-from vmm.sriov import VfResources
+from hwspec.va1 import VfResources
 from vmm.trace import TraceEvent
 from vmm.vm import Vm
 

@@ -27,6 +27,7 @@ from guest_driver.kernel import PciHostBridge
 from hwspec import pci as P
 
 from ..bus import BusError, MmioBus, MmioHandler
+from ..errors import VmmError
 from ..trace import SourceTracer
 
 ALL_ONES32 = 0xFFFF_FFFF
@@ -34,7 +35,7 @@ U64 = 1 << 64
 BAR_REGS_END = P.BASE_ADDRESS_0 + 4 * P.NUM_BARS
 
 
-class PciError(ValueError):
+class PciError(VmmError, ValueError):
     """A bad request to the host bridge (slot taken, window exhausted). Nothing changed."""
 
 

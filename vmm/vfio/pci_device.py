@@ -614,7 +614,7 @@ def _is_eventfd(fd: int) -> bool:
 
 
 class HostMsi(Protocol):
-    """The host MSI domain as vfio-pci uses it (vmm.host.HostMsiDomain)."""
+    """The host MSI domain as vfio-pci uses it (vmm.msi.HostMsiDomain)."""
 
     def alloc(self, callback: Callable[[], None], name: str,
               requester_id: int | None = None) -> MsiMessage: ...
