@@ -2,12 +2,15 @@
 
 Reaches the driver only through the device file's uAPI (`guest_driver.uapi`):
 `Device` -> `Context` -> `Buffer`/`Stream`/`Event`, and `CommandBufferBuilder` for the
-command ISA.
+command ISA. `DriverFile` is the typed ioctl client under them, for programs that drive
+the uAPI themselves (their own command buffers and fences); `WaitResult` is what its
+`wait` returns.
 """
 from __future__ import annotations
 
 from ._errors import UserspaceRuntimeError
 from .commands import CommandBufferBuilder
+from .driver_file import DriverFile, WaitResult
 from .runtime import (
     Buffer,
     Context,
@@ -30,10 +33,12 @@ __all__ = [
     "Device",
     "DeviceError",
     "DriverError",
+    "DriverFile",
     "Event",
     "Pending",
     "Stream",
     "SubmissionResult",
     "UseAfterFreeError",
     "UserspaceRuntimeError",
+    "WaitResult",
 ]

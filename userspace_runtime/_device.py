@@ -18,7 +18,7 @@ from guest_driver import uapi
 from hwspec import isa
 from hwspec.isa import DType
 
-from ._driver import PARAM_CODES, DriverFile
+from .driver_file import PARAM_CODES, DriverFile
 from ._errors import ContextMismatchError, DriverError, UseAfterFreeError
 
 if TYPE_CHECKING:
@@ -86,12 +86,7 @@ class Device:
             raise ValueError(f"device index must be >= 0, got {index}")
         self.index = index
         self.path = f"/dev/accel/accel{index}"
-        try:
-            file = os.open(self.path)
-        except OSError as e:
-            raise DriverError(e.errno or 0, f"cannot open {self.path}: "
-                                            f"{e.strerror or e}") from e
-        self._drv = DriverFile(file, self.path)
+        self._drv = DriverFile.open(os, self.path)
         self._closed = False
         self.contexts: list[Context] = []
         # Pinned host arrays (alloc_host): (data address, nbytes, handle, iova, array).
@@ -99,7 +94,7 @@ class Device:
         try:
             self.params = DeviceParams(self._read_params())
         except BaseException:
-            file.close()
+            self._drv.close()
             raise
 
     def _read_params(self) -> dict[str, int]:

@@ -15,7 +15,7 @@ import numpy as np
 
 from guest_driver import uapi
 
-from ._driver import DriverFile
+from .driver_file import DriverFile
 from ._errors import DriverError
 
 ALIGN = 64          # every region starts on a cache line (and any dtype's alignment)

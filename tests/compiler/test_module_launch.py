@@ -112,8 +112,7 @@ def test_target_from_device_config_tiles_to_its_scratchpad() -> None:
     """Compile in the guest for the device's own scratchpad_size (GET_PARAM)."""
     from device_model import Va1Config
     from userspace_runtime.compiler import Target
-    from vmm.machine import Machine
-    from vmm.vm import Vm
+    from virtaccel import Session
 
     g = models.mlp(batch=16, sizes=(64, 64, 8))
     x = np.random.default_rng(3).standard_normal((16, 64)).astype(np.float32)
@@ -128,14 +127,9 @@ def test_target_from_device_config_tiles_to_its_scratchpad() -> None:
             return {"scratchpad": target.scratchpad_size, "commands": result.commands,
                     "out": out["logits"]}
 
-    machine = Machine(1)
-    vm = Vm(machine, "vm0", ram_size=64 << 20)
-    vm.attach_va1_mmio(Va1Config(scratchpad_size=4096))
-    task = vm.spawn_program(program)
-    machine.run_tasks()
-    vm.close()
-    assert task.error is None, task.error
-    r = task.result
+    with Session(attach="mmio", seed=1, memory=64 << 20,
+                 config=Va1Config(scratchpad_size=4096)) as session:
+        r = session.run(program)
     assert r["scratchpad"] == 4096 and r["commands"] > compile_graph(g).commands
     np.testing.assert_allclose(r["out"], run_reference(g, {"x": x})["logits"], atol=1e-5)
 

@@ -12,44 +12,32 @@ from hwspec import pci as P
 from hwspec import va1, virtio
 from hwspec import virtio_pci as VP
 from userspace_runtime import Device, DeviceError
+from virtaccel import Session
 from virtaccel.guests import mlp
-from vmm.host import Host
-from vmm.machine import Machine
-from vmm.vm import Vm
 
 SEED = 20261121
 ARGS: dict[str, Any] = {"batch": 16, "sizes": (64, 128, 32)}
 
 
-def run_mlp(mode: str, seed: int = SEED) -> tuple[dict[str, Any], Machine, Vm, Host | None]:
-    machine = Machine(seed, keep_trace=True)
-    vm = Vm(machine, "vm0")
-    host = None
-    if mode == "mmio":
-        vm.attach_va1_mmio()
-    elif mode == "pci":
-        vm.attach_va1_pci()
-    else:
-        host = Host(machine)
-        vm.attach_va1_passthrough(host, host.add_va1())
-    task = vm.spawn_program(lambda os_: mlp.main(os_, seed=seed, **ARGS), name="mlp")
-    machine.run_tasks()
-    vm.close()
-    if task.error is not None:
-        raise task.error
-    return dict(task.result), machine, vm, host
+def run_mlp(attach: str, seed: int = SEED) -> tuple[dict[str, Any], Session]:
+    """The MLP guest in one VM with a VA-1 attached as `attach`; its result and the
+    (closed, still readable) session."""
+    with Session(attach=attach, seed=seed, keep_trace=True) as s:
+        result = s.run(lambda os_: mlp.main(os_, seed=seed, **ARGS), name="mlp")
+    return dict(result), s
 
 
 def test_mlp_identical_over_mmio_emulated_pci_emulated_and_passthrough() -> None:
     r_mmio = run_mlp("mmio")[0]
     r_pci = run_mlp("pci")[0]
-    r_pt = run_mlp("passthrough")[0]
+    r_pt = run_mlp("vfio")[0]
     assert r_mmio["ok"] is True
     assert r_mmio == r_pci == r_pt  # same numbers, same device time, bit for bit
 
 
 def test_passthrough_doorbells_are_direct_and_msix_table_writes_trap() -> None:
-    _, machine, vm, host = run_mlp("passthrough")
+    _, s = run_mlp("vfio")
+    machine, vm, host = s.machine, s.vm, s.host
     bar = vm.passthrough[0].slot.mapped[0][0]
     notify = (bar + va1.PCI_NOTIFY_OFFSET, bar + va1.PCI_NOTIFY_OFFSET + 0x1000)
     table = (bar + va1.PCI_MSIX_TABLE_OFFSET, bar + va1.PCI_MSIX_TABLE_OFFSET + 0x1000)
@@ -64,9 +52,9 @@ def test_passthrough_doorbells_are_direct_and_msix_table_writes_trap() -> None:
 
 
 def test_passthrough_run_is_deterministic() -> None:
-    d1 = run_mlp("passthrough", 3)[1].trace.digest()
-    d2 = run_mlp("passthrough", 3)[1].trace.digest()
-    d3 = run_mlp("passthrough", 4)[1].trace.digest()
+    d1 = run_mlp("vfio", 3)[1].digest()
+    d2 = run_mlp("vfio", 3)[1].digest()
+    d3 = run_mlp("vfio", 4)[1].digest()
     assert d1 == d2 != d3
 
 
@@ -74,11 +62,11 @@ def test_ring_aimed_at_the_functions_own_bar_is_refused_without_reentry() -> Non
     """A guest points the controlq rings at the function's own BAR: the device's DMA
     goes through the IOMMU, which maps only guest RAM, so it faults; the device does
     not dispatch to its own registers, and flags NEEDS_RESET."""
-    machine = Machine(SEED, keep_trace=True)
-    vm = Vm(machine, "vm0")
-    host = Host(machine)
-    hf = host.add_va1()
-    pt = vm.attach_va1_passthrough(host, hf)
+    s = Session(attach="vfio", seed=SEED, keep_trace=True).launch()
+    machine, vm, host = s.machine, s.vm, s.host
+    assert host is not None
+    pt = vm.passthrough[0]
+    hf = pt.host_function
     ecam = vm.kernel.pci_hosts[0].ecam_base + P.ecam_offset(0, pt.slot.dev, 0)
     mm = vm.mmio
     mm.write(ecam + P.COMMAND, 2, P.COMMAND_MEMORY | P.COMMAND_MASTER)
@@ -112,18 +100,18 @@ def test_ring_aimed_at_the_functions_own_bar_is_refused_without_reentry() -> Non
     cpu = [e for e in machine.trace.events if e.source == "vm0.cpu"]
     assert len(cpu) == n_cpu + 1
     assert mm.read(common + VP.COMMON_STATUS, 1) & virtio.STATUS_DEVICE_NEEDS_RESET
-    vm.close()
+    s.close()
 
 
 def test_vfio_reset_with_requests_in_flight_aborts_every_fence_and_stops_dma() -> None:
     """The guest FLRs the function (DEVCTL.BCR_FLR, trapped by the VMM: VFIO_DEVICE_RESET)
     with GEMMs in flight: no DMA for the function after it, and after the driver's
     recovery every fence completes ABORTED; the function then works again."""
-    machine = Machine(SEED, keep_trace=True)
-    vm = Vm(machine, "vm0")
-    host = Host(machine)
-    hf = host.add_va1()
-    pt = vm.attach_va1_passthrough(host, hf)
+    s = Session(attach="vfio", seed=SEED, keep_trace=True).launch()
+    vm, host = s.vm, s.host
+    assert host is not None
+    pt = vm.passthrough[0]
+    hf = pt.host_function
     seen: dict[str, Any] = {}
 
     def program(os_: uapi.GuestOS) -> dict[str, Any]:
@@ -154,15 +142,12 @@ def test_vfio_reset_with_requests_in_flight_aborts_every_fence_and_stops_dma() -
         seen["statuses"] = [s.status for s in stream.submissions]
         return mlp.main(os_, seed=SEED, **ARGS)
 
-    task = vm.spawn_program(program, name="flr")
-    machine.run_tasks()
-    vm.close()
-    if task.error is not None:
-        raise task.error
+    with s:
+        result = s.run(program, name="flr")
     assert host.functions[hf.name].group is not None
     assert seen["dma_at_reset"] == seen["dma_later"]
     assert seen["statuses"][-3:] == [va1.Status.ABORTED] * 3
-    assert task.result["ok"] is True
+    assert result["ok"] is True
 
 
 @pytest.mark.parametrize("where", ["past_ram", "own_bar"])
@@ -171,11 +156,11 @@ def test_command_buffer_at_unmapped_iova_fails_the_request_and_logs_an_iommu_fau
     function's own BAR, so outside every mapping the VMM made): the request completes
     DMA_FAULT, the IOMMU logs the fault for this function's requester ID, nothing
     reaches the BAR, and the function goes on working."""
-    machine = Machine(SEED, keep_trace=True)
-    vm = Vm(machine, "vm0", ram_size=64 << 20)
-    host = Host(machine)
-    hf = host.add_va1()
-    pt = vm.attach_va1_passthrough(host, hf)
+    s = Session(attach="vfio", seed=SEED, memory=64 << 20, keep_trace=True).launch()
+    host = s.host
+    assert host is not None
+    pt = s.vm.passthrough[0]
+    hf = pt.host_function
     bad_iova = 0x1_0000_0000  # 4 GiB: past the 64 MiB of RAM, never mapped
 
     def program(os_: uapi.GuestOS) -> dict[str, Any]:
@@ -188,12 +173,9 @@ def test_command_buffer_at_unmapped_iova_fails_the_request_and_logs_an_iommu_fau
         assert drv.wait_fence(fence, 10**9)
         return {"status": fence.status, "after": mlp.main(os_, seed=SEED, **ARGS)}
 
-    task = vm.spawn_program(program, name="badbuf")
-    machine.run_tasks()
-    vm.close()
-    if task.error is not None:
-        raise task.error
-    assert task.result["status"] == va1.Status.DMA_FAULT
+    with s:
+        result = s.run(program, name="badbuf")
+    assert result["status"] == va1.Status.DMA_FAULT
     faults = [f for f in host.iommu.faults if f.iova == bad_iova]
     assert faults and faults[0].requester_id == hf.requester_id and not faults[0].write
-    assert task.result["after"]["ok"] is True
+    assert result["after"]["ok"] is True

@@ -12,17 +12,20 @@ import pytest
 from guest_driver import uapi
 from hwspec import va1, virtio, virtio_mmio
 from userspace_runtime import Device, DeviceError, DriverError
+from virtaccel import Session
 from virtaccel.guests import mlp
-from vmm.machine import Machine
-from vmm.vm import Vm
 
 SEED = 424242
 
 
 def test_broken_ring_sets_needs_reset_and_driver_recovers_to_full_function() -> None:
-    machine = Machine(SEED, keep_trace=True)
-    vm = Vm(machine, "vm0")
-    acc = vm.attach_va1_mmio()
+    with Session(attach="mmio", seed=SEED, keep_trace=True) as s:
+        check_recovery(s)
+
+
+def check_recovery(s: Session) -> None:
+    vm = s.vm
+    acc = vm.accelerators[0]
     submitq = acc.transport.queues[va1.FIRST_SUBMITQ]
     seen: dict[str, object] = {}
 
@@ -48,18 +51,13 @@ def test_broken_ring_sets_needs_reset_and_driver_recovers_to_full_function() -> 
         # A fresh open after recovery has the whole function again.
         return {"before": float(before.sum()), "after": mlp.main(os_, seed=SEED, batch=8)}
 
-    task = vm.spawn_program(program, name="recovery")
-    machine.run_tasks()
-    if task.error is not None:
-        raise task.error
-    result = task.result
+    result = s.run(program, name="recovery")
     assert result["before"] == pytest.approx(1.5 * 256)
     assert result["after"]["ok"] is True
     assert seen["status_after_break"] & virtio.STATUS_DEVICE_NEEDS_RESET
     assert [v.rule for v in acc.transport.violations] == ["ring/avail-idx-jump"]
-    kinds = [ev.kind for ev in machine.trace.events]
+    kinds = [ev.kind for ev in s.trace.events]
     assert "ring_broken" in kinds and "reset" in kinds
     # after recovery the device is live and clean again
     status = acc.transport.read(virtio_mmio.STATUS, 4)
     assert status & virtio.STATUS_DRIVER_OK and not status & virtio.STATUS_DEVICE_NEEDS_RESET
-    vm.close()

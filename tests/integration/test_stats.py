@@ -9,22 +9,15 @@ import pytest
 from userspace_runtime import CommandBufferBuilder, Device
 from virtaccel.cli import main
 from virtaccel.cli.stats import StatsCollector, format_stats, run_stats
-from vmm.machine import Machine
-from vmm.vm import Vm
+from virtaccel import Session
 
 
 def _run(program: Any) -> tuple[StatsCollector, Any]:
-    machine = Machine(0)
-    vm = Vm(machine, "vm0", ram_size=32 << 20)
-    vm.attach_va1_mmio()
-    stats = StatsCollector(machine)
-    stats.add_vm(vm)
-    task = vm.spawn_program(program)
-    machine.run_tasks()
-    vm.close()
-    if task.error is not None:
-        raise task.error
-    return stats, task.result
+    with Session(attach="mmio", seed=0, memory=32 << 20) as session:
+        stats = StatsCollector(session.machine)
+        stats.add_vm(session.vm)
+        result = session.run(program)
+    return stats, result
 
 
 @pytest.mark.parametrize("n", [1, 5])

@@ -44,12 +44,11 @@ def test_device_applies_a_whole_nop_buffer_in_one_event() -> None:
     """With the machine's horizon, a buffer of NOPs runs in one device step (not one
     event per NOP); virtual times are those of one command after another."""
     import userspace_runtime as rt
-    from vmm.vm import Vm
+    from virtaccel import Session
 
     def run(n: int) -> tuple[int, list[tuple[int, int]], int]:
-        machine = Machine(3, keep_trace=True)
-        vm = Vm(machine, "vm0")
-        vm.attach_va1_mmio()
+        session = Session(attach="mmio", seed=3, keep_trace=True).launch()
+        machine = session.machine
 
         def program(os_: object) -> int:
             with rt.Device(os_) as dev:  # type: ignore[arg-type]
@@ -63,13 +62,11 @@ def test_device_applies_a_whole_nop_buffer_in_one_event() -> None:
                 s.enqueue(b)
                 s.synchronize()
                 return machine.sched.events_run - before
-        task = vm.spawn_program(program, name="t")
-        machine.run_tasks()
-        vm.close()
-        assert task.error is None, task.error
+        with session:
+            events: int = session.run(program, name="t")
         spans = [(int(e.get("start_ns")), int(e.get("end_ns")))  # type: ignore[arg-type]
                  for e in machine.trace.events if e.kind == "cmd"]
-        return task.result, spans, len(spans)
+        return events, spans, len(spans)
 
     events_1, _, _ = run(1)
     events_n, spans, count = run(200)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import errno
 import struct
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -24,9 +24,10 @@ from hwspec import virtio as V
 from hwspec import virtio_admin as VA
 from hwspec import virtio_pci as VP
 from hwspec.va1 import Status
+from userspace_runtime import DriverFile
 from userspace_runtime.commands import CommandBufferBuilder
 
-from .tenant import Accel, call_command, checked_gemm, guest_now, wait_command
+from .tenant import call_command, checked_gemm, guest_now, wait_command, wait_signalled
 
 DEV = "/dev/accel/accel0"
 
@@ -38,19 +39,19 @@ def _status(code: int) -> str:
 class _Shooter:
     """One context, one host buffer: submit raw command bytes, collect the answer."""
 
-    def __init__(self, acc: Accel, size: int = 1 << 16) -> None:
+    def __init__(self, acc: DriverFile, size: int = 1 << 16) -> None:
         self.acc = acc
-        self.ctx = acc.context()
-        self.h, self.iova = acc.bo(size, U.BO_HOST)
-        self.view = acc.mmap(self.h)
+        self.ctx = acc.context_create()
+        self.h, self.iova = acc.bo_create(size, U.BO_HOST)
+        self.view = acc.mmap(self.h, size)
         self.size = size
 
     def shoot(self, raw: bytes, queue: int = 0, timeout_ns: int = -1) -> dict[str, Any]:
         self.view[:len(raw)] = np.frombuffer(raw, dtype=np.uint8)
         fence = self.acc.submit(self.ctx, queue, self.h, 0, len(raw))
-        st, off, start, end = self.acc.wait(self.ctx, fence, timeout_ns)
-        out: dict[str, Any] = {"status": _status(st), "offset": off, "start_ns": start,
-                               "end_ns": end}
+        w = wait_signalled(self.acc, self.ctx, fence, timeout_ns)
+        out: dict[str, Any] = {"status": _status(w.status), "offset": w.error_offset,
+                               "start_ns": w.start_ns, "end_ns": w.end_ns}
         try:  # the context must now refuse work (faulted)
             self.acc.submit(self.ctx, queue, self.h, 0, 8)
             out["after"] = "accepted"
@@ -67,8 +68,8 @@ def out_of_partition(os: Any, seed: int = 0) -> dict[str, Any]:
     """Device addresses past the VF's partition (FILL, DMA, GEMM), and a second process
     (device file) naming the first one's buffer from its own context."""
     t0 = guest_now(os)
-    acc = Accel(os, DEV)
-    quota = acc.param(U.PARAM_DEVICE_MEMORY_SIZE)
+    acc = DriverFile.open(os, DEV)
+    quota = acc.get_param("device_memory_size")
     shots: dict[str, Any] = {}
     shots["fill_across_end"] = _Shooter(acc).shoot(_cb_fill(quota - 64, 4096))
     sh = _Shooter(acc)
@@ -80,8 +81,8 @@ def out_of_partition(os: Any, seed: int = 0) -> dict[str, Any]:
     cb.gemm(dtype="F32", m=4, n=4, k=4, a=0, b=0, c=1 << 40)
     shots["gemm_far"] = sh.shoot(cb.bytes())
     # two processes: the first one's buffer is not mapped into the second one's context
-    owner = Accel(os, DEV)
-    secret_h, secret_addr = owner.bo(4096, U.BO_DEVICE)
+    owner = DriverFile.open(os, DEV)
+    secret_h, secret_addr = owner.bo_create(4096, U.BO_DEVICE)
     o = _Shooter(owner)
     o.shoot(_cb_fill(secret_addr, 4096, 0x5EC2E7))
     thief = _Shooter(acc)
@@ -106,13 +107,14 @@ def unmapped_iova(os: Any, seed: int = 0) -> dict[str, Any]:
     """DMA to and from IOVAs the VMM never mapped for this VF (past guest RAM, far up,
     a SIGNAL into nowhere, a command buffer that is not there)."""
     t0 = guest_now(os)
-    acc = Accel(os, DEV)
-    dh, daddr = acc.bo(8192, U.BO_DEVICE)
+    acc = DriverFile.open(os, DEV)
+    dh, daddr = acc.bo_create(8192, U.BO_DEVICE)
     shots: dict[str, Any] = {}
-    for name, build in (
-            ("h2d_from_4g", lambda cb: cb.dma_h2d(0x1_0000_0000, daddr, 4096)),
-            ("d2h_to_far", lambda cb: cb.dma_d2h(daddr, 0x7FFF_0000_0000, 4096)),
-            ("signal_nowhere", lambda cb: cb.signal(0x2_0000_0000, 1))):
+    builds: tuple[tuple[str, Callable[[CommandBufferBuilder], object]], ...] = (
+        ("h2d_from_4g", lambda cb: cb.dma_h2d(0x1_0000_0000, daddr, 4096)),
+        ("d2h_to_far", lambda cb: cb.dma_d2h(daddr, 0x7FFF_0000_0000, 4096)),
+        ("signal_nowhere", lambda cb: cb.signal(0x2_0000_0000, 1)))
+    for name, build in builds:
         sh = _Shooter(acc)
         cb = _cb()
         build(cb)
@@ -164,9 +166,9 @@ def long_cmdbuf(os: Any, seed: int = 0, gemms: int = 2048) -> dict[str, Any]:
     then one longer than max_cmdbuf_size through the uAPI (refused) and raw (refused by
     the device, the context faulted)."""
     t0 = guest_now(os)
-    acc = Accel(os, DEV)
-    max_size = acc.param(U.PARAM_MAX_CMDBUF_SIZE)
-    dh, daddr = acc.bo(3 * 32 * 32 * 4, U.BO_DEVICE)
+    acc = DriverFile.open(os, DEV)
+    max_size = acc.get_param("max_cmdbuf_size")
+    dh, daddr = acc.bo_create(3 * 32 * 32 * 4, U.BO_DEVICE)
     cb = _cb()
     for _ in range(gemms):
         cb.gemm(dtype="F32", m=32, n=32, k=32, a=daddr, b=daddr + 4096, c=daddr + 8192)
@@ -174,8 +176,9 @@ def long_cmdbuf(os: Any, seed: int = 0, gemms: int = 2048) -> dict[str, Any]:
     sh = _Shooter(acc, size=max(len(raw), max_size) + 4096)
     sh.view[:len(raw)] = np.frombuffer(raw, dtype=np.uint8)
     fence = acc.submit(sh.ctx, 0, sh.h, 0, len(raw), (dh,))
-    st, _off, start, end = acc.wait(sh.ctx, fence)
-    long_run = {"status": _status(st), "start_ns": start, "end_ns": end, "bytes": len(raw)}
+    w = wait_signalled(acc, sh.ctx, fence)
+    long_run = {"status": _status(w.status), "start_ns": w.start_ns, "end_ns": w.end_ns,
+                "bytes": len(raw)}
     uapi_errno = None
     try:
         acc.submit(sh.ctx, 0, sh.h, 0, max_size + 8)
@@ -195,8 +198,8 @@ def deep_call(os: Any, seed: int = 0) -> dict[str, Any]:
     """A command buffer that CALLs itself (unbounded recursion) and a chain of nested
     CALLs one deeper than max_call_depth."""
     t0 = guest_now(os)
-    acc = Accel(os, DEV)
-    depth = acc.param(U.PARAM_MAX_CALL_DEPTH)
+    acc = DriverFile.open(os, DEV)
+    depth = acc.get_param("max_call_depth")
     sh = _Shooter(acc)
     selfcall = call_command(sh.iova, 24)
     shots = {"self_call": sh.shoot(selfcall)}
@@ -210,8 +213,8 @@ def deep_call(os: Any, seed: int = 0) -> dict[str, Any]:
     chain += struct.pack(isa.HEADER.format, isa.Opcode.NOP, 0, 8)
     sh.view[:len(chain)] = np.frombuffer(chain, dtype=np.uint8)
     fence = acc.submit(sh.ctx, 0, sh.h, 0, 24)
-    st, off, _s, _e = acc.wait(sh.ctx, fence)
-    shots["too_deep"] = {"status": _status(st), "offset": off}
+    w = wait_signalled(acc, sh.ctx, fence)
+    shots["too_deep"] = {"status": _status(w.status), "offset": w.error_offset}
     ok = all(s["status"] == "CALL_DEPTH" for s in shots.values())
     return {"ok": ok, "shots": shots, "max_call_depth": depth, "attack_ns": t0,
             "done_ns": guest_now(os)}
@@ -220,7 +223,7 @@ def deep_call(os: Any, seed: int = 0) -> dict[str, Any]:
 def never_finishing(os: Any, seed: int = 0) -> dict[str, Any]:
     """WAIT on a host word that never reaches its value: the preemption timeout ends it."""
     t0 = guest_now(os)
-    acc = Accel(os, DEV)
+    acc = DriverFile.open(os, DEV)
     sh = _Shooter(acc)
     flag = sh.iova + 8192
     sh.view[8192:8200] = 0
@@ -246,15 +249,15 @@ def reset_storm(os: Any, seed: int = 0, rounds: int = 3) -> dict[str, Any]:
     statuses: list[str] = []
     for i in range(rounds):
         for how in ("status0", "flr"):
-            acc = Accel(os, DEV)
-            dh, daddr = acc.bo(3 * 4096, U.BO_DEVICE)
-            ctx = acc.context()
-            h, iova = acc.bo(1 << 16, U.BO_HOST)
+            acc = DriverFile.open(os, DEV)
+            dh, daddr = acc.bo_create(3 * 4096, U.BO_DEVICE)
+            ctx = acc.context_create()
+            h, iova = acc.bo_create(1 << 16, U.BO_HOST)
             cb = _cb()
             for _ in range(64):
                 cb.gemm(dtype="F32", m=32, n=32, k=32, a=daddr, b=daddr + 4096, c=daddr + 8192)
             raw = cb.bytes()
-            acc.mmap(h)[:len(raw)] = np.frombuffer(raw, dtype=np.uint8)
+            acc.mmap(h, 1 << 16)[:len(raw)] = np.frombuffer(raw, dtype=np.uint8)
             fences = [acc.submit(ctx, q, h, 0, len(raw), (dh,)) for q in (0, 1)]
             if how == "status0":
                 drv.reset("reset storm")
@@ -264,8 +267,7 @@ def reset_storm(os: Any, seed: int = 0, rounds: int = 3) -> dict[str, Any]:
                 drv.recover("reset storm: FLR")
             for f in fences:
                 try:
-                    st = acc.wait(ctx, f)[0]
-                    statuses.append(_status(st))
+                    statuses.append(_status(wait_signalled(acc, ctx, f).status))
                 except OSError as e:
                     statuses.append(errno.errorcode.get(e.errno or 0, "?"))
             try:

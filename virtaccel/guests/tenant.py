@@ -24,6 +24,7 @@ import numpy as np
 from guest_driver import uapi as U
 from hwspec import isa
 from hwspec.va1 import Status
+from userspace_runtime import DriverError, DriverFile, WaitResult
 from userspace_runtime.commands import CommandBufferBuilder
 
 INPUT_RANGE = 3   # inputs are integers in [-INPUT_RANGE, INPUT_RANGE]
@@ -60,66 +61,16 @@ def guest_now(os_: Any) -> int:
     return int(os_.kernel.sched.now_ns())
 
 
-# -- a thin uAPI client ------------------------------------------------------------------------
+# -- the uAPI, through the runtime's ioctl client ---------------------------------------------
 
-class Accel:
-    """/dev/accel/accelN through ioctls: buffers, contexts, submit, wait."""
-
-    def __init__(self, os_: Any, path: str = "/dev/accel/accel0") -> None:
-        self.os = os_
-        self.file = os_.open(path)
-
-    def param(self, which: int) -> int:
-        a = U.ffi.new("struct drm_va1_get_param *")
-        a.param = which
-        self.file.ioctl(U.DRM_IOCTL_VA1_GET_PARAM, a)
-        return int(a.value)
-
-    def bo(self, size: int, flags: int) -> tuple[int, int]:
-        a = U.ffi.new("struct drm_va1_bo_create *")
-        a.size, a.flags = size, flags
-        self.file.ioctl(U.DRM_IOCTL_VA1_BO_CREATE, a)
-        return int(a.handle), int(a.addr)
-
-    def mmap(self, handle: int) -> np.ndarray:
-        return self.file.mmap(handle)
-
-    def context(self) -> int:
-        a = U.ffi.new("struct drm_va1_context_create *")
-        self.file.ioctl(U.DRM_IOCTL_VA1_CONTEXT_CREATE, a)
-        return int(a.context_id)
-
-    def destroy_context(self, ctx: int) -> None:
-        a = U.ffi.new("struct drm_va1_context_destroy *")
-        a.context_id = ctx
-        self.file.ioctl(U.DRM_IOCTL_VA1_CONTEXT_DESTROY, a)
-
-    def submit(self, ctx: int, queue: int, cmd_handle: int, offset: int, size: int,
-               handles: Sequence[int] = ()) -> int:
-        a = U.ffi.new("struct drm_va1_submit *")
-        a.context_id, a.queue, a.cmdbuf_handle = ctx, queue, cmd_handle
-        a.cmdbuf_offset, a.cmdbuf_size = offset, size
-        a.buffer_count = len(handles)
-        for i, h in enumerate(handles):
-            a.handles[i] = h
-        self.file.ioctl(U.DRM_IOCTL_VA1_SUBMIT, a)
-        return int(a.fence_seq)
-
-    def wait(self, ctx: int, fence: int, timeout_ns: int = -1) -> tuple[int, int, int, int]:
-        """(status, error_offset, start_ns, end_ns)."""
-        a = U.ffi.new("struct drm_va1_wait *")
-        a.context_id, a.fence_seq, a.timeout_ns = ctx, fence, timeout_ns
-        self.file.ioctl(U.DRM_IOCTL_VA1_WAIT, a)
-        return int(a.status), int(a.error_offset), int(a.start_ns), int(a.end_ns)
-
-    def stats(self) -> dict[str, int]:
-        a = U.ffi.new("struct drm_va1_stats *")
-        self.file.ioctl(U.DRM_IOCTL_VA1_GET_STATS, a)
-        return {k: int(getattr(a, k)) for k in ("submissions", "commands", "device_time_ns",
-                                                 "dma_bytes", "faults", "interrupts")}
-
-    def close(self) -> None:
-        self.file.close()
+def wait_signalled(drv: DriverFile, ctx: int, fence: int, timeout_ns: int = -1) -> WaitResult:
+    """WAIT for `fence` of context `ctx`; a fence that has not signalled within
+    `timeout_ns` is an OSError (ETIME), as every other refusal of the driver is."""
+    r = drv.wait(ctx, fence, timeout_ns)
+    if r is None:
+        raise DriverError(errno.ETIME, f"WAIT(context={ctx}, fence={fence}) on {drv.path}: "
+                                       f"not signalled within {timeout_ns} ns")
+    return r
 
 
 @dataclass
@@ -159,11 +110,11 @@ class Report:
 class CheckedGemm:
     """Keeps `depth` checked-GEMM submissions in flight on each of `queues`."""
 
-    def __init__(self, acc: Accel, seed: int, m: int, k: int, n: int, reps: int,
+    def __init__(self, acc: DriverFile, seed: int, m: int, k: int, n: int, reps: int,
                  queues: Sequence[int], depth: int) -> None:
         self.acc, self.seed, self.m, self.k, self.n, self.reps = acc, seed, m, k, n, reps
         self.queues = list(queues)
-        self.ctx = acc.context()
+        self.ctx = acc.context_create()
         self.report = Report(seed, m, k, n)
         self.sa, self.sb, self.sc = m * k * 4, k * n * 4, m * n * 4
         self.slots: list[_Slot] = []
@@ -171,9 +122,9 @@ class CheckedGemm:
             for _ in range(depth):
                 data = self.sa + self.sb + self.sc
                 size = data + 64 * (3 + reps) + 64
-                h, iova = acc.bo(size, U.BO_HOST)
-                d, daddr = acc.bo(data, U.BO_DEVICE)
-                self.slots.append(_Slot(h, iova, acc.mmap(h), d, daddr, queue=q))
+                h, iova = acc.bo_create(size, U.BO_HOST)
+                d, daddr = acc.bo_create(data, U.BO_DEVICE)
+                self.slots.append(_Slot(h, iova, acc.mmap(h, size), d, daddr, queue=q))
         self.next_index = 0
         self.inflight: deque[_Slot] = deque()
 
@@ -206,15 +157,16 @@ class CheckedGemm:
     def reap(self, s: _Slot) -> None:
         r = self.report
         try:
-            status, _off, start, end = self.acc.wait(self.ctx, s.fence)
+            w = wait_signalled(self.acc, self.ctx, s.fence)
         except OSError as e:
             r.errors.append(f"wait fence {s.fence}: {e}")
             r.statuses.append("ERROR")
             return
+        status = w.status
         name = Status(status).name if status in Status._value2member_map_ else str(status)
         r.statuses.append(name)
-        r.latencies_ns.append(end - s.submit_ns)
-        r.device_ns.append(end - start)
+        r.latencies_ns.append(w.end_ns - s.submit_ns)
+        r.device_ns.append(w.end_ns - w.start_ns)
         c = s.view[self.sa + self.sb:self.sa + self.sb + self.sc].view(np.float32)
         r.checksums.append(checksum(c) if status == Status.OK else -1)
 
@@ -232,8 +184,8 @@ def checked_gemm(os: Any, seed: int = 0, *, count: int | None = None, duration_n
         count = 0 if duration_ns > 0 else 4
     if count <= 0 and duration_ns <= 0:
         raise ValueError("checked_gemm: give count > 0 or duration_ns > 0")
-    acc = Accel(os, device)
-    nq = min(max(1, queues), acc.param(U.PARAM_NUM_SUBMIT_QUEUES))
+    acc = DriverFile.open(os, device)
+    nq = min(max(1, queues), acc.get_param("num_submit_queues"))
     w = CheckedGemm(acc, seed, m, k, n, reps, range(nq), max(1, depth))
     t0 = guest_now(os)
 
@@ -290,9 +242,9 @@ def call_command(addr: int, size: int) -> bytes:
         layout.format, addr, size, 0)
 
 
-__all__ = ["Accel", "CheckedGemm", "Report", "checked_gemm", "checksum", "call_command",
+__all__ = ["CheckedGemm", "Report", "checked_gemm", "checksum", "call_command",
            "expected_checksums", "gemm_inputs", "guest_now", "verify", "victim",
-           "wait_command", "errno"]
+           "wait_command", "wait_signalled", "errno"]
 
 
 checked_gemm.verify = verify  # type: ignore[attr-defined]   # virtaccel.images checks results with it

@@ -1,7 +1,21 @@
-"""Typed calls over the accel device file's ioctls (guest_driver.uapi).
+"""The runtime's ioctl client: typed calls over the accel device file's uAPI
+(guest_driver.uapi), one method per ioctl.
 
-The only module that builds uAPI structs. Every OSError is re-raised as DriverError
-naming the request and its arguments.
+Public: a guest program that wants the raw uAPI (its own command buffers, its own
+fences) uses this rather than building the structs itself.
+
+    drv = DriverFile.open(os)                       # /dev/accel/accel0
+    n = drv.get_param("num_submit_queues")
+    handle, iova = drv.bo_create(1 << 16, uapi.BO_HOST)
+    view = drv.mmap(handle)                         # uint8 view of the HOST buffer
+    ctx = drv.context_create()
+    fence = drv.submit(ctx, 0, handle, 0, size, handles=(dev_handle,))
+    r = drv.wait(ctx, fence)                        # WaitResult(status, error_offset, start_ns, end_ns)
+    drv.stats(); drv.context_destroy(ctx); drv.close()
+
+The only module that builds uAPI structs. Every OSError of the driver is re-raised as
+DriverError (an OSError keeping the driver's errno) naming the request and its
+arguments.
 """
 from __future__ import annotations
 
@@ -12,6 +26,8 @@ from typing import Iterable
 import numpy as np
 
 from guest_driver import uapi
+
+from ._errors import DriverError
 
 # errno values a driver may use for "the fence has not signalled yet".
 _NOT_READY = frozenset({errno.ETIME, errno.ETIMEDOUT, errno.EBUSY, errno.EAGAIN})
@@ -24,6 +40,8 @@ PARAM_CODES: dict[str, int] = {
 
 @dataclass(frozen=True)
 class WaitResult:
+    """A signalled fence: the VA-1 status of its submission, the byte offset of the
+    failing command (va1.NO_OFFSET if none) and the device times it ran between."""
     status: int
     error_offset: int
     start_ns: int
@@ -31,7 +49,6 @@ class WaitResult:
 
 
 def _wrap(exc: OSError, what: str) -> Exception:
-    from ._errors import DriverError
     code = exc.errno
     reason = exc.strerror or str(exc) or type(exc).__name__
     if code is None:
@@ -46,6 +63,15 @@ class DriverFile:
         self.file = file
         self.path = path
 
+    @classmethod
+    def open(cls, os: uapi.GuestOS, path: str = "/dev/accel/accel0") -> "DriverFile":
+        """Open the device file `path` in the guest `os` (DriverError if it cannot)."""
+        try:
+            file = os.open(path)
+        except OSError as e:
+            raise DriverError(e.errno or 0, f"cannot open {path}: {e.strerror or e}") from e
+        return cls(file, path)
+
     def _ioctl(self, request: int, arg: uapi.CData, what: str) -> None:
         try:
             self.file.ioctl(request, arg)
@@ -53,6 +79,7 @@ class DriverFile:
             raise _wrap(e, f"{what} on {self.path}") from e
 
     def get_param(self, name: str) -> int:
+        """GET_PARAM by name: a key of PARAM_CODES (uapi.PARAM_X is "x")."""
         arg = uapi.new("struct drm_va1_get_param *")
         arg.param = PARAM_CODES[name]
         self._ioctl(uapi.DRM_IOCTL_VA1_GET_PARAM, arg, f"GET_PARAM({name})")
@@ -72,17 +99,20 @@ class DriverFile:
         arg.handle = handle
         self._ioctl(uapi.DRM_IOCTL_VA1_BO_FREE, arg, f"BO_FREE(handle={handle})")
 
-    def mmap(self, handle: int, size: int) -> np.ndarray:
+    def mmap(self, handle: int, size: int | None = None) -> np.ndarray:
+        """A uint8 view of HOST buffer `handle`: its first `size` bytes, or all of it."""
         try:
             view = self.file.mmap(handle)
         except OSError as e:
             raise _wrap(e, f"mmap(handle={handle}) on {self.path}") from e
-        if view.dtype != np.uint8 or view.ndim != 1 or view.size < size:
+        want = 0 if size is None else size
+        if view.dtype != np.uint8 or view.ndim != 1 or view.size < want:
             raise RuntimeError(f"mmap(handle={handle}) returned {view.dtype}{view.shape}, "
-                               f"expected a uint8 view of at least {size} bytes")
-        return view[:size]
+                               f"expected a uint8 view of at least {want} bytes")
+        return view if size is None else view[:size]
 
     def context_create(self) -> int:
+        """A new device context of this file; its id."""
         arg = uapi.new("struct drm_va1_context_create *")
         self._ioctl(uapi.DRM_IOCTL_VA1_CONTEXT_CREATE, arg, "CONTEXT_CREATE")
         return int(arg.context_id)
@@ -93,8 +123,12 @@ class DriverFile:
         self._ioctl(uapi.DRM_IOCTL_VA1_CONTEXT_DESTROY, arg, f"CONTEXT_DESTROY({context_id})")
 
     def submit(self, context_id: int, queue: int, cmdbuf_handle: int, cmdbuf_offset: int,
-               cmdbuf_size: int, handles: Iterable[int], ncommands: int) -> int:
-        """Queues a command buffer; returns its fence sequence number."""
+               cmdbuf_size: int, handles: Iterable[int] = (), ncommands: int | None = None
+               ) -> int:
+        """Queue the command buffer at `cmdbuf_offset`, `cmdbuf_size` bytes into HOST
+        buffer `cmdbuf_handle`, on submit queue `queue` of context `context_id`, with
+        the buffers `handles` it uses; returns its fence sequence number. `ncommands`
+        (how many commands it holds) only goes into an error's message."""
         hs = list(handles)
         if len(hs) > uapi.MAX_SUBMIT_BUFFERS:  # pragma: no cover - the stream splits first
             raise ValueError(f"{len(hs)} buffers in one submission, "
@@ -109,12 +143,16 @@ class DriverFile:
         for i, h in enumerate(hs):
             arg.handles[i] = h
         self._ioctl(uapi.DRM_IOCTL_VA1_SUBMIT, arg,
-                    f"SUBMIT(context={context_id}, queue={queue}, {ncommands} commands, "
-                    f"{cmdbuf_size} bytes, {len(hs)} buffers)")
+                    f"SUBMIT(context={context_id}, queue={queue}, "
+                    + ("" if ncommands is None else f"{ncommands} commands, ")
+                    + f"{cmdbuf_size} bytes, {len(hs)} buffers)")
         return int(arg.fence_seq)
 
-    def wait(self, context_id: int, fence_seq: int, timeout_ns: int) -> WaitResult | None:
-        """The fence's result, or None if it has not signalled within `timeout_ns`."""
+    def wait(self, context_id: int, fence_seq: int, timeout_ns: int = -1
+             ) -> WaitResult | None:
+        """The fence's result, or None if it has not signalled within `timeout_ns`
+        (virtual ns; < 0 waits forever; the driver answered ETIME, ETIMEDOUT, EBUSY or
+        EAGAIN). Any other error of the driver is a DriverError."""
         arg = uapi.new("struct drm_va1_wait *")
         arg.context_id = context_id
         arg.fence_seq = fence_seq
@@ -130,6 +168,7 @@ class DriverFile:
                           int(arg.end_ns))
 
     def stats(self) -> dict[str, int]:
+        """GET_STATS: the function's counters by field name of struct drm_va1_stats."""
         arg = uapi.new("struct drm_va1_stats *")
         self._ioctl(uapi.DRM_IOCTL_VA1_GET_STATS, arg, "GET_STATS")
         return {name: int(getattr(arg, name))
