@@ -1,5 +1,5 @@
 """One root exception per package: every exception class defined anywhere in hwspec,
-device_model, vmm, guest_driver and userspace_runtime derives from its package's root,
+device_model, vmm, guest_driver, userspace_runtime and virtaccel derives from its package's root,
 the root is exported from the package, and docs/architecture.md ("Errors") names it.
 
 Walks every module of each package (import included), so a stray exception class
@@ -20,6 +20,7 @@ import device_model
 import guest_driver
 import hwspec
 import userspace_runtime
+import virtaccel
 import vmm
 
 ROOTS: dict[str, type[Exception]] = {
@@ -28,6 +29,7 @@ ROOTS: dict[str, type[Exception]] = {
     "vmm": vmm.VmmError,
     "guest_driver": guest_driver.GuestDriverError,
     "userspace_runtime": userspace_runtime.UserspaceRuntimeError,
+    "virtaccel": virtaccel.VirtaccelError,
 }
 ARCHITECTURE = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
 

@@ -14,8 +14,8 @@ from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .errors import (GuestProgramError, ImageError, LaunchError, ScenarioError,
-                         SessionStateError, VirtaccelError)
+    from .errors import (ImageError, LaunchError, ScenarioError, SessionStateError,
+                         VirtaccelError)
     from .models import RunReport, run_model
     from .session import ATTACHMENTS, Session, SessionState, VmSpec
 
@@ -27,7 +27,7 @@ except metadata.PackageNotFoundError:  # a source tree that was never installed
 _EXPORTS = {
     "ATTACHMENTS": "session", "Session": "session", "SessionState": "session",
     "VmSpec": "session", "RunReport": "models", "run_model": "models",
-    "GuestProgramError": "errors", "ImageError": "errors", "LaunchError": "errors",
+    "ImageError": "errors", "LaunchError": "errors",
     "ScenarioError": "errors", "SessionStateError": "errors", "VirtaccelError": "errors",
 }
 

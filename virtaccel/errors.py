@@ -5,11 +5,11 @@ everything it raises on purpose with `except VirtaccelError`.
     ├── ImageError         a VM image that cannot be used (names the file and field)
     ├── SessionStateError  a Session method called in the wrong lifecycle state
     ├── LaunchError        a Session could not build its machine (names what failed)
-    ├── GuestProgramError  a guest program ended with an exception (carries the task)
     └── ScenarioError      a tenant scenario with impossible settings
 
 Errors of the layers below keep their own roots (VmmError, DeviceModelError, ...);
-`LaunchError` and `GuestProgramError` chain the original as `__cause__`.
+`LaunchError` chains the original as `__cause__`; a guest program's own exception
+reaches the caller of `Session.run` unchanged.
 """
 from __future__ import annotations
 
@@ -28,10 +28,6 @@ class SessionStateError(VirtaccelError, RuntimeError):
 
 class LaunchError(VirtaccelError, RuntimeError):
     """Building the machine (host, card, VFs, VMs, attachments) failed."""
-
-
-class GuestProgramError(VirtaccelError, RuntimeError):
-    """A guest program raised; the guest's exception is the `__cause__`."""
 
 
 class ScenarioError(VirtaccelError, ValueError):
