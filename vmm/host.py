@@ -255,7 +255,7 @@ def default_card_factory(config: Va1Config | None = None, **options: Any) -> Car
     def make(ports: DevicePorts, msi: MsiPort, platform: HostSriovPlatform, source: str
              ) -> tuple[PciFunction, object]:
         try:
-            from device_model.va1.card import Va1Card  # type: ignore[import-not-found]
+            from device_model.va1.card import Va1Card
         except ImportError as e:
             raise SriovError(f"device_model.va1.card.Va1Card is not available ({e}); "
                              "pass card_factory=") from None
@@ -270,7 +270,7 @@ def default_card_factory(config: Va1Config | None = None, **options: Any) -> Car
 def default_pf_driver_factory(kernel: HostKernelServices, hf: HostPciFunction) -> PfDriver:
     """guest_driver.va1.pf's PF driver, probed on the PF as the host kernel sees it."""
     try:
-        from guest_driver.va1 import pf as pfmod  # type: ignore[attr-defined]
+        from guest_driver.va1 import pf as pfmod
     except ImportError as e:
         raise SriovError(f"guest_driver.va1.pf is not available ({e}); "
                          "set Host.pf_driver_factory") from None
