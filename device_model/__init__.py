@@ -17,7 +17,7 @@ from .va1.config import Va1Config
 from .va1.device import Va1Device
 from .virtio.mmio import MmioTransport, Violation
 from .virtio.pci import VirtioPciFunction
-from .virtio.queue import RingError
+from .virtio.ring import RingError
 
 __all__ = ["DevicePorts", "DmaFault", "MmioTransport", "RingError", "Va1Card", "Va1Config",
            "Va1Device", "VirtioPciFunction", "Violation"]

@@ -28,7 +28,7 @@ from hwspec.isa import Activation, DType, EltOp, Opcode
 from hwspec.va1 import NO_OFFSET, Status
 
 from ..ports import Clock, DmaFault, DmaPort, Timer, Tracer
-from ..virtio.queue import DescriptorChain
+from ..virtio.ring import DescriptorChain
 from .commands import Command
 from .metrics import Metrics
 from .ops.activations import apply_activation, gelu64, sigmoid64
