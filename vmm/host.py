@@ -330,7 +330,7 @@ def default_card_factory(config: Va1Config | None = None, **options: Any) -> Car
     def make(ports: DevicePorts, msi: MsiPort, platform: HostSriovPlatform, source: str
              ) -> tuple[PciFunction, object]:
         try:
-            from device_model.va1.card import Va1Card  # type: ignore[import-not-found]
+            from device_model.va1.card import Va1Card
         except ImportError as e:
             raise SriovError(f"device_model.va1.card.Va1Card is not available ({e}); "
                              "pass card_factory=") from None
