@@ -9,7 +9,7 @@ Wiring (by the VMM):
     fn.config_read(off, size); fn.bar_write(0, off, size, value); fn.function_level_reset()
   or as an SR-IOV card (PF + VFs; see device_model/va1/card.py):
     card = Va1Card(Va1Config(), DevicePorts(...), memory_size=..., total_vfs=64)
-    pf = VirtioPciFunction.physical_function(card, msi=msi_port, platform=sriov_platform)
+    pf = card.physical_function(msi=msi_port, platform=sriov_platform)
 """
 from .errors import DeviceModelError
 from .ports import DevicePorts, DmaFault
@@ -18,7 +18,7 @@ from .va1.config import Va1Config
 from .va1.device import Va1Device
 from .virtio.mmio import MmioTransport, Violation
 from .virtio.pci import VirtioPciFunction
-from .virtio.queue import RingError
+from .virtio.ring import RingError
 
 __all__ = ["DeviceModelError", "DevicePorts", "DmaFault", "MmioTransport", "RingError", "Va1Card", "Va1Config",
            "Va1Device", "VirtioPciFunction", "Violation"]

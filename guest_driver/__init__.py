@@ -4,7 +4,8 @@ Public entry point: `guest_driver.boot.boot(kernel) -> GuestOS`. Modules: `mm` (
 allocators), `pci` (ECAM scan, BAR sizing, capability walks, FLR, `pci.msix`),
 `virtio.transport` (the `VirtioTransport` interface the VA-1 driver is written against),
 `virtio.mmio` (virtio-mmio v2), `virtio.pci` (virtio-pci modern, MSI-X),
-`virtio.split_ring` (split virtqueue driver side), `virtio.admin` (the virtio 1.3 admin
+`virtio.ring` (the `DriverRing` a driver uses), `virtio.ring_factory` (which ring the
+negotiated features give), `virtio.split_ring` (split virtqueue driver side), `virtio.admin` (the virtio 1.3 admin
 virtqueue), `va1.driver` (one VA-1 function, any transport), `va1.fence`, `va1.devmem`,
 `va1.devfile` (the uAPI of `uapi`, per-context address spaces), `va1.pf` (the host's PF
 management API: SR-IOV enable, VF provisioning through the admin queue). Imports only

@@ -25,7 +25,7 @@ class GuestDma:
 
     def probe_view(self, iova: int, length: int) -> None:
         """Raises exactly the DmaFault view(iova, length) would, without making the view
-        (an optional DmaPort method: device_model.virtio.queue probes rings with it)."""
+        (an optional DmaPort method: device_model.virtio.split_ring probes rings with it)."""
         self._check(iova, length, True)
 
     # The hot paths test "inside guest RAM" inline (which implies no 64-bit overflow)

@@ -259,10 +259,8 @@ def default_card_factory(config: Va1Config | None = None, **options: Any) -> Car
         except ImportError as e:
             raise SriovError(f"device_model.va1.card.Va1Card is not available ({e}); "
                              "pass card_factory=") from None
-        from device_model import VirtioPciFunction
         card = Va1Card(config or Va1Config(), ports, **options)
-        pf = VirtioPciFunction.physical_function(card, msi=msi, platform=platform,
-                                                 tracer=ports.tracer)
+        pf = card.physical_function(msi=msi, platform=platform, tracer=ports.tracer)
         return pf, card
     return make
 

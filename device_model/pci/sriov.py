@@ -129,3 +129,17 @@ class SriovCap:
         self._page = 0x1
         if was:
             self._on_disable()
+
+
+def make_vf_header(config: ConfigSpace) -> None:
+    """Turn a function's power-on header into a VF's (PCIe §9.3.4): Vendor and Device
+    ID read 0xFFFF, the BAR registers read 0 (the PF's VF BARs place the VF), Memory
+    Space and INTx Disable are RsvdP (the PF's VF MSE decides; no INTx); Bus Master is
+    the VF's own."""
+    config.put(P.VENDOR_ID, 2, 0xFFFF)
+    config.put(P.DEVICE_ID, 2, 0xFFFF)
+    config.set_wmask(P.COMMAND, 2, P.COMMAND_MASTER)
+    for i in range(P.NUM_BARS):
+        reg = P.BASE_ADDRESS_0 + 4 * i
+        config.put(reg, 4, 0)
+        config.set_wmask(reg, 4, 0)

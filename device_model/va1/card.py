@@ -3,10 +3,13 @@ units and their scheduler, the PF function and its VFs, and the PF's admin comma
 
 Wiring (by the host):
     card = Va1Card(Va1Config(), DevicePorts(dma=pf_dma, clock=clock, tracer=tracer))
-    pf = VirtioPciFunction.physical_function(card, msi=pf_msi, platform=sriov_platform)
+    pf = card.physical_function(msi=pf_msi, platform=sriov_platform)
     # software sets NumVFs and VF Enable in the PF's SR-IOV capability:
     #   -> platform.vf_ports(n) for n in 1..NumVFs, then platform.vfs_enabled(vfs)
-    # VF n's BAR0 is at pf.vf_bar_address(n); pf.admin_queue_index is the admin queue.
+    # VF n's BAR0 is at card.vf_bar_address(n); pf.admin_queue_index is the admin queue.
+
+The PF and the VFs are generic virtio-pci functions; what makes them SR-IOV functions
+is plugged in through their `SriovHooks` (sriov.py).
 
 Memory: the PF owns card memory [0, pf_memory); the rest is the VF pool. On VF Enable
 every VF gets an equal share of the pool (rounded down to 1 MiB) and the default
@@ -16,22 +19,22 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from hwspec import va1
 from hwspec import virtio_admin as VA
 from hwspec.va1 import AdminOp, VfResources
 
 from ..errors import DeviceModelError
-from ..ports import DevicePorts, Tracer
+from ..pci.api import SriovPlatform
+from ..pci.sriov import SriovCap
+from ..ports import DevicePorts, IrqLine, MsiPort, Tracer
+from ..virtio.pci import VirtioPciFunction
 from .config import Va1Config
 from .device import Va1Device
 from .memory import CardMemory
 from .scheduler import Scheduler
-
-if TYPE_CHECKING:  # pragma: no cover
-    from ..pci.api import SriovPlatform
-    from ..virtio.pci import VirtioPciFunction
+from .sriov import PfHooks, VfHooks
 
 DEFAULT_VF_CONTEXT_POOL = 1024     # contexts shared by all VFs (max_contexts sum)
 _MIB = 1 << 20
@@ -99,6 +102,7 @@ class Va1Card:
                                    memory=self.memory.partition(0, pf_memory),
                                    scheduler=self.scheduler, function_index=0, admin=self)
         self.pf_function: VirtioPciFunction | None = None
+        self.pf_hooks = PfHooks(self)
         self.platform: SriovPlatform | None = None
         self.vf_functions: list[VirtioPciFunction] = []
         self.vf_devices: list[Va1Device] = []
@@ -110,9 +114,41 @@ class Va1Card:
         """[start, end) of the VF memory pool on the card."""
         return self.pf_memory, self.memory.size
 
-    def attach_pf(self, fn: "VirtioPciFunction", platform: "SriovPlatform") -> None:
+    def physical_function(self, msi: MsiPort, platform: SriovPlatform,
+                          tracer: Tracer | None = None, intx: IrqLine | None = None,
+                          ) -> VirtioPciFunction:
+        """The PF with its SR-IOV capability and admin virtqueue. Setting VF Enable
+        creates NumVFs VFs (ports from `platform.vf_ports(n)`) and hands them to
+        `platform.vfs_enabled`; clearing it drops them (`platform.vfs_disabled`)."""
+        fn = VirtioPciFunction(self.pf_device, msi,
+                               tracer if tracer is not None else self.tracer, intx,
+                               sriov_hooks=self.pf_hooks)
         self.pf_function = fn
         self.platform = platform
+        return fn
+
+    # --- SR-IOV capability --------------------------------------------------------------
+
+    @property
+    def sriov(self) -> SriovCap | None:
+        """The PF's SR-IOV capability (None before `physical_function`)."""
+        return self.pf_hooks.cap
+
+    @property
+    def vf_mse(self) -> bool:
+        """VF Memory Space Enable: whether the VFs' BARs decode."""
+        return self.sriov is not None and self.sriov.vf_mse
+
+    def vf_bar_address(self, vf: int) -> int:
+        """Where VF `vf` (1-based) has its BAR0 (PF VF BAR0 + (vf-1) * BAR size)."""
+        if self.sriov is None:
+            raise ValueError("no SR-IOV physical function yet")
+        return self.sriov.vf_bar_address(vf)
+
+    @staticmethod
+    def vf_routing_id_offset(vf: int) -> int:
+        """VF `vf`'s requester ID relative to the PF's (First VF Offset + (vf-1) * Stride)."""
+        return va1.SRIOV_FIRST_VF_OFFSET + (vf - 1) * va1.SRIOV_VF_STRIDE
 
     # --- VF lifecycle -------------------------------------------------------------------
 
@@ -128,7 +164,6 @@ class Va1Card:
     def enable_vfs(self, num_vfs: int) -> None:
         """VF Enable 0 -> 1 with NumVFs = `num_vfs`: default provisioning, the VF
         functions, and the platform told."""
-        from ..virtio.pci import VirtioPciFunction
         assert self.pf_function is not None and self.platform is not None
         lo, hi = self.vf_pool
         share = ((hi - lo) // num_vfs) // va1.PARTITION_ALIGN * va1.PARTITION_ALIGN \
@@ -145,8 +180,7 @@ class Va1Card:
             fn = VirtioPciFunction(dev, msi, tracer=ports.tracer,
                                    queue_capacity=va1.FIRST_SUBMITQ
                                    + va1.MAX_SUBMIT_QUEUES_PER_FUNCTION,
-                                   vf_of=self.pf_function, vf_number=n)
-            fn.card = self
+                                   sriov_hooks=VfHooks(self, n))
             self.memory.scrub(part.base, r.device_memory)
             self.partitions.append(part)
             self.vf_devices.append(dev)

@@ -4,6 +4,10 @@ Every command is decoded and checked before any runs; the first bad one fails th
 buffer with its status and byte offset (`CommandError`). A good buffer comes out as a
 list of `Command`s already resolved to zero-copy numpy views of device memory and to
 their roofline cost, so the engine only has to do the math.
+
+Everything the device does by opcode is one row of `OPS` (the opcode registry): how
+the command is resolved, how it is executed, and what the engine may assume about it.
+The decoder and the engine both dispatch through it and nowhere else.
 """
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ from ..ports import DmaFault, DmaPort
 from .config import Va1Config
 from .aspace import AddressSpace
 from .memory import DeviceMemory
+from .ops import execute as ex
 from .ops import kernels
 from .timing import roofline_ns
 
@@ -86,10 +91,7 @@ class Command:
     @property
     def host_bytes(self) -> int:
         """Bytes this command moves across the host link (for dma_bytes)."""
-        kind = _HOST_BYTES.get(self.opcode)
-        if kind is None:
-            return 0
-        return self.size if kind else 8
+        return OPS[self.opcode].host_bytes(self)
 
 
 @dataclass(frozen=True)
@@ -105,9 +107,14 @@ class DecodeEnv:
 
 
 class _Checker:
-    def __init__(self, env: DecodeEnv, offset: int) -> None:
+    """The checks of one command at `offset`, `depth` CALLs deep."""
+
+    def __init__(self, env: DecodeEnv, offset: int, depth: int = 0,
+                 budget: "_Budget | None" = None) -> None:
         self.env = env
         self.offset = offset
+        self.depth = depth
+        self.budget = budget
 
     def fail(self, status: Status, message: str) -> CommandError:
         return CommandError(status, self.offset, message)
@@ -204,7 +211,7 @@ def _decode(buf: bytes, env: DecodeEnv, depth: int, budget: _Budget) -> list[Com
     append = cmds.append
     hdr, align = _HDR_SIZE, isa.ALIGN
     while pos < end:
-        # Fast path for runs of valid NOPs: exactly what _resolve would build.
+        # Fast path for runs of valid NOPs: exactly what OPS[NOP].resolve would build.
         while end - pos >= hdr:
             opcode_v, flags, length = unpack(buf, pos)
             if (opcode_v != _NOP_V or flags or length < hdr or length % align
@@ -214,7 +221,7 @@ def _decode(buf: bytes, env: DecodeEnv, depth: int, budget: _Budget) -> list[Com
             pos += length
         if pos >= end:
             break
-        ck = _Checker(env, pos)
+        ck = _Checker(env, pos, depth, budget)
         if end - pos < _HDR_SIZE:
             raise ck.fail(Status.TRUNCATED, "no room for a header")
         opcode_v, flags, length = struct.unpack_from(_HDR_FMT, buf, pos)
@@ -227,66 +234,90 @@ def _decode(buf: bytes, env: DecodeEnv, depth: int, budget: _Budget) -> list[Com
                 opcode != Opcode.NOP and length != _LENGTH[opcode]):
             raise ck.fail(Status.BAD_LENGTH, f"length {length} for {opcode.name}")
         payload = struct.unpack_from(_PAYLOAD_FMT[opcode], buf, pos + _HDR_SIZE)
-        if opcode == Opcode.CALL:
-            cmds.extend(_resolve_call(ck, flags, payload, depth, budget))
-        else:
-            cmds.append(_resolve(ck, opcode, flags, payload))
+        resolve(ck, opcode, flags, payload, cmds)
         pos += length
     return cmds
 
 
-def _resolve(ck: _Checker, opcode: Opcode, flags: int, p: tuple) -> Command:  # type: ignore[type-arg]
-    cfg = ck.env.config
-    ov = cfg.cmd_overhead_ns
-    off = ck.offset
-    if opcode not in _FLAGGED:
+def resolve(ck: _Checker, opcode: Opcode, flags: int, p: tuple,  # type: ignore[type-arg]
+            out: list[Command]) -> None:
+    """Check one decoded command (header flags, then its opcode's own rules) and append
+    what it resolves to (a CALL: itself, then its callee's commands)."""
+    spec = OPS[opcode]
+    if not spec.checks_flags:
         ck.zero(flags, "header flags")
-    newer = _RESOLVERS.get(opcode)
-    if newer is not None:
-        return newer(ck, flags, p)
-    if opcode == Opcode.NOP:
-        return Command(opcode, off, roofline_ns(ov))
-    if opcode == Opcode.FILL:
-        dst, size, pattern, reserved = p
-        ck.zero(reserved, "reserved")
-        if size == 0 or size % 4:
-            raise ck.fail(Status.BAD_SHAPE, f"FILL size {size} not a non-zero multiple of 4")
-        view = ck.device(dst, size, "dst")
-        return Command(opcode, off, roofline_ns(ov, nbytes=size, bandwidth=cfg.mem_bandwidth),
-                       dst=view, size=size, value=pattern)
-    if opcode in (Opcode.DMA_H2D, Opcode.DMA_D2H, Opcode.DMA_D2D):
-        src, dst, size = p
-        if size == 0:
-            raise ck.fail(Status.BAD_SHAPE, "zero size")
-        if opcode == Opcode.DMA_H2D:
-            dview = ck.device(dst, size, "dst")
-            ck.host(src, size, "src")
-            return Command(opcode, off, roofline_ns(ov, nbytes=size,
-                                                    bandwidth=cfg.link_bandwidth),
-                           dst=dview, host_addr=src, size=size)
-        if opcode == Opcode.DMA_D2H:
-            sview = ck.device(src, size, "src")
-            ck.host(dst, size, "dst")
-            return Command(opcode, off, roofline_ns(ov, nbytes=size,
-                                                    bandwidth=cfg.link_bandwidth),
-                           src=sview, host_addr=dst, size=size)
-        sview = ck.device(src, size, "src")
-        dview = ck.device(dst, size, "dst")
-        return Command(opcode, off, roofline_ns(ov, nbytes=2 * size,
-                                                bandwidth=cfg.mem_bandwidth),
-                       src=sview, dst=dview, size=size)
-    if opcode == Opcode.SIGNAL:
+    spec.resolve(ck, flags, p, out)
+
+
+def _resolve_nop(ck: _Checker, flags: int, p: tuple) -> Command:  # type: ignore[type-arg]
+    return Command(Opcode.NOP, ck.offset, roofline_ns(ck.env.config.cmd_overhead_ns))
+
+
+def _resolve_fill(ck: _Checker, flags: int, p: tuple) -> Command:  # type: ignore[type-arg]
+    cfg = ck.env.config
+    dst, size, pattern, reserved = p
+    ck.zero(reserved, "reserved")
+    if size == 0 or size % 4:
+        raise ck.fail(Status.BAD_SHAPE, f"FILL size {size} not a non-zero multiple of 4")
+    view = ck.device(dst, size, "dst")
+    return Command(Opcode.FILL, ck.offset,
+                   roofline_ns(cfg.cmd_overhead_ns, nbytes=size, bandwidth=cfg.mem_bandwidth),
+                   dst=view, size=size, value=pattern)
+
+
+def _dma_size(ck: _Checker, p: tuple) -> tuple[int, int, int]:  # type: ignore[type-arg]
+    src, dst, size = p
+    if size == 0:
+        raise ck.fail(Status.BAD_SHAPE, "zero size")
+    return src, dst, size
+
+
+def _resolve_dma_h2d(ck: _Checker, flags: int, p: tuple) -> Command:  # type: ignore[type-arg]
+    cfg = ck.env.config
+    src, dst, size = _dma_size(ck, p)
+    dview = ck.device(dst, size, "dst")
+    ck.host(src, size, "src")
+    return Command(Opcode.DMA_H2D, ck.offset,
+                   roofline_ns(cfg.cmd_overhead_ns, nbytes=size, bandwidth=cfg.link_bandwidth),
+                   dst=dview, host_addr=src, size=size)
+
+
+def _resolve_dma_d2h(ck: _Checker, flags: int, p: tuple) -> Command:  # type: ignore[type-arg]
+    cfg = ck.env.config
+    src, dst, size = _dma_size(ck, p)
+    sview = ck.device(src, size, "src")
+    ck.host(dst, size, "dst")
+    return Command(Opcode.DMA_D2H, ck.offset,
+                   roofline_ns(cfg.cmd_overhead_ns, nbytes=size, bandwidth=cfg.link_bandwidth),
+                   src=sview, host_addr=dst, size=size)
+
+
+def _resolve_dma_d2d(ck: _Checker, flags: int, p: tuple) -> Command:  # type: ignore[type-arg]
+    cfg = ck.env.config
+    src, dst, size = _dma_size(ck, p)
+    sview = ck.device(src, size, "src")
+    dview = ck.device(dst, size, "dst")
+    return Command(Opcode.DMA_D2D, ck.offset,
+                   roofline_ns(cfg.cmd_overhead_ns, nbytes=2 * size,
+                               bandwidth=cfg.mem_bandwidth),
+                   src=sview, dst=dview, size=size)
+
+
+def _resolve_fence(opcode: Opcode) -> "_OneResolver":
+    """SIGNAL and WAIT: a host u64 and a value."""
+    def resolve_fence(ck: _Checker, flags: int, p: tuple) -> Command:  # type: ignore[type-arg]
         addr, value = p
         ck.host(addr, 8, "addr")
-        return Command(opcode, off, roofline_ns(ov), host_addr=addr, value=value)
-    if opcode == Opcode.WAIT:
-        addr, value = p
-        ck.host(addr, 8, "addr")
-        return Command(opcode, off, roofline_ns(ov), host_addr=addr, value=value)
-    # TIMESTAMP
+        return Command(opcode, ck.offset, roofline_ns(ck.env.config.cmd_overhead_ns),
+                       host_addr=addr, value=value)
+    return resolve_fence
+
+
+def _resolve_timestamp(ck: _Checker, flags: int, p: tuple) -> Command:  # type: ignore[type-arg]
     (addr,) = p
     ck.host(addr, 8, "addr")
-    return Command(opcode, off, roofline_ns(ov), host_addr=addr)
+    return Command(Opcode.TIMESTAMP, ck.offset, roofline_ns(ck.env.config.cmd_overhead_ns),
+                   host_addr=addr)
 
 
 def _peak(cfg: Va1Config, dt: DType) -> int:
@@ -522,12 +553,13 @@ def _resolve_quant(ck: _Checker, opcode: Opcode, p: tuple) -> Command:  # type: 
     return Command(opcode, ck.offset, cost, dtype=dt, run=run)
 
 
-def _resolve_call(ck: _Checker, flags: int, p: tuple, depth: int,  # type: ignore[type-arg]
-                  budget: _Budget) -> list[Command]:
+def _resolve_call(ck: _Checker, flags: int, p: tuple,  # type: ignore[type-arg]
+                  out: list[Command]) -> None:
     """Validate the callee now (before anything runs) and splice its commands in."""
     env = ck.env
+    depth, budget = ck.depth, ck.budget
+    assert budget is not None
     addr, size, reserved = p
-    ck.zero(flags, "header flags")
     ck.zero(reserved, "reserved")
     if size == 0 or size % isa.ALIGN:
         raise ck.fail(Status.BAD_SHAPE, f"callee size {size} not a non-zero multiple of 8")
@@ -554,29 +586,72 @@ def _resolve_call(ck: _Checker, flags: int, p: tuple, depth: int,  # type: ignor
                            f"{e.message}", (e.offset,) + e.path) from None
     cost = roofline_ns(env.config.cmd_overhead_ns, nbytes=size,
                        bandwidth=env.config.link_bandwidth)
-    out = [Command(Opcode.CALL, ck.offset, cost, host_addr=addr, size=size)]
+    out.append(Command(Opcode.CALL, ck.offset, cost, host_addr=addr, size=size))
     for cmd in inner:
         cmd.path = (cmd.offset,) + cmd.path
         cmd.offset = ck.offset
         out.append(cmd)
-    return out
 
 
-_Resolver = Callable[[_Checker, int, tuple], Command]  # type: ignore[type-arg]
-_RESOLVERS: dict[Opcode, _Resolver] = {
-    Opcode.GEMM: _resolve_gemm,
-    Opcode.ELEMENTWISE: _resolve_elementwise,
-    Opcode.COPY: _resolve_copy,
-    Opcode.CONV2D: _resolve_conv2d,
-    Opcode.SOFTMAX: _resolve_softmax,
-    Opcode.LAYERNORM: _resolve_layernorm,
-    Opcode.REDUCE: _resolve_reduce,
-    Opcode.QUANTIZE: lambda ck, f, p: _resolve_quant(ck, Opcode.QUANTIZE, p),
-    Opcode.DEQUANTIZE: lambda ck, f, p: _resolve_quant(ck, Opcode.DEQUANTIZE, p),
+# --- the opcode registry -------------------------------------------------------------
+
+_OneResolver = Callable[[_Checker, int, tuple], Command]  # type: ignore[type-arg]
+Resolver = Callable[[_Checker, int, tuple, list[Command]], None]  # type: ignore[type-arg]
+
+
+def _one(fn: _OneResolver) -> Resolver:
+    """A resolver that makes exactly one command."""
+    def resolve_one(ck: _Checker, flags: int, p: tuple,  # type: ignore[type-arg]
+                    out: list[Command]) -> None:
+        out.append(fn(ck, flags, p))
+    return resolve_one
+
+
+def _no_host_bytes(cmd: Command) -> int:
+    return 0
+
+
+def _size_host_bytes(cmd: Command) -> int:
+    return cmd.size
+
+
+def _u64_host_bytes(cmd: Command) -> int:
+    return 8
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """One opcode's row of the registry."""
+    resolve: Resolver
+    execute: ex.Executor
+    checks_flags: bool = False      # the resolver checks the header flags itself
+    host_bytes: Callable[[Command], int] = _no_host_bytes   # over the host link
+    time_only: bool = False         # no effect, no host bytes, no wait: only takes time,
+                                    # so the engine may run a stretch of them in one step
+    polls: bool = False             # the engine polls it until satisfied (WAIT)
+
+
+OPS: dict[Opcode, OpSpec] = {
+    Opcode.NOP: OpSpec(_one(_resolve_nop), ex.no_effect, time_only=True),
+    Opcode.FILL: OpSpec(_one(_resolve_fill), ex.fill),
+    Opcode.DMA_H2D: OpSpec(_one(_resolve_dma_h2d), ex.dma_h2d, host_bytes=_size_host_bytes),
+    Opcode.DMA_D2H: OpSpec(_one(_resolve_dma_d2h), ex.dma_d2h, host_bytes=_size_host_bytes),
+    Opcode.DMA_D2D: OpSpec(_one(_resolve_dma_d2d), ex.dma_d2d),
+    Opcode.COPY: OpSpec(_one(_resolve_copy), ex.bound_kernel),
+    Opcode.GEMM: OpSpec(_one(_resolve_gemm), ex.gemm, checks_flags=True),
+    Opcode.ELEMENTWISE: OpSpec(_one(_resolve_elementwise), ex.elementwise, checks_flags=True),
+    Opcode.CONV2D: OpSpec(_one(_resolve_conv2d), ex.bound_kernel, checks_flags=True),
+    Opcode.SOFTMAX: OpSpec(_one(_resolve_softmax), ex.bound_kernel),
+    Opcode.LAYERNORM: OpSpec(_one(_resolve_layernorm), ex.bound_kernel),
+    Opcode.REDUCE: OpSpec(_one(_resolve_reduce), ex.bound_kernel),
+    Opcode.QUANTIZE: OpSpec(_one(lambda ck, f, p: _resolve_quant(ck, Opcode.QUANTIZE, p)),
+                            ex.bound_kernel),
+    Opcode.DEQUANTIZE: OpSpec(_one(lambda ck, f, p: _resolve_quant(ck, Opcode.DEQUANTIZE, p)),
+                              ex.bound_kernel),
+    Opcode.SIGNAL: OpSpec(_one(_resolve_fence(Opcode.SIGNAL)), ex.signal,
+                          host_bytes=_u64_host_bytes),
+    Opcode.TIMESTAMP: OpSpec(_one(_resolve_timestamp), ex.timestamp,
+                             host_bytes=_u64_host_bytes),
+    Opcode.WAIT: OpSpec(_one(_resolve_fence(Opcode.WAIT)), ex.no_effect, polls=True),
+    Opcode.CALL: OpSpec(_resolve_call, ex.no_effect, host_bytes=_size_host_bytes),
 }
-# Opcodes whose resolver checks the header flags itself.
-_FLAGGED = frozenset({Opcode.GEMM, Opcode.ELEMENTWISE, Opcode.CONV2D})
-
-# host_bytes: True = `size` bytes, False = 8 bytes, absent = none.
-_HOST_BYTES = {Opcode.DMA_H2D: True, Opcode.DMA_D2H: True, Opcode.CALL: True,
-               Opcode.SIGNAL: False, Opcode.TIMESTAMP: False}

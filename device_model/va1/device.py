@@ -16,7 +16,8 @@ from hwspec.va1 import NO_OFFSET, CtrlType, EventType, Status
 
 from ..ports import DevicePorts, DmaFault
 from ..virtio.device import VirtioDevice, VirtioInterrupt
-from ..virtio.queue import DescriptorChain, Queue, RingError
+from ..virtio.ring import DescriptorChain, DeviceRing, RingError
+from ..virtio.ring_factory import RING_FEATURES
 from .commands import Command, CommandError, DecodeEnv, decode
 from .config import Va1Config
 from .aspace import AddressSpace
@@ -31,8 +32,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from .card import AdminHandler
 
 OFFERED_FEATURES = (
-    1 << V.F_VERSION_1 | 1 << V.F_ACCESS_PLATFORM | 1 << V.F_RING_INDIRECT_DESC
-    | 1 << V.F_RING_EVENT_IDX | 1 << va1.F_FP16 | 1 << va1.F_INT8 | 1 << va1.F_TIMESTAMP)
+    1 << V.F_VERSION_1 | 1 << V.F_ACCESS_PLATFORM | RING_FEATURES
+    | 1 << va1.F_FP16 | 1 << va1.F_INT8 | 1 << va1.F_TIMESTAMP)
 PF_ONLY_FEATURES = 1 << V.F_SR_IOV | 1 << V.F_ADMIN_VQ
 ADMIN_QUEUE_SIZE_MAX = 64
 ADMIN_CMD_MAX = 4096            # readable bytes of one admin command
@@ -78,7 +79,7 @@ class Va1Device(VirtioDevice):
         self.function_index = function_index
         self.admin_queue_index: int | None = self.num_queues if admin is not None else None
         self.acked_features = 0
-        self.queues: list[Queue] = []
+        self.queues: list[DeviceRing] = []
         self.interrupt: VirtioInterrupt | None = None
         self.contexts: dict[int, Context] = {}
         self.active = False
@@ -126,7 +127,7 @@ class Va1Device(VirtioDevice):
     def config_generation(self) -> int:
         return 0  # the configuration never changes at run time
 
-    def activate(self, queues: Sequence[Queue], interrupt: VirtioInterrupt) -> None:
+    def activate(self, queues: Sequence[DeviceRing], interrupt: VirtioInterrupt) -> None:
         self.queues = list(queues)
         self.interrupt = interrupt
         self.active = True

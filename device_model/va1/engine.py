@@ -24,112 +24,24 @@ from typing import Callable
 import numpy as np
 
 from hwspec import isa
-from hwspec.isa import Activation, DType, EltOp, Opcode
+from hwspec.isa import Opcode
 from hwspec.va1 import NO_OFFSET, Status
 
 from ..ports import Clock, DmaFault, DmaPort, Timer, Tracer
-from ..virtio.queue import DescriptorChain
-from .commands import Command
+from ..virtio.ring import DescriptorChain
+from .commands import OPS, Command
 from .metrics import Metrics
-from .ops.activations import apply_activation, gelu64, sigmoid64
 from .requests import SubmitRequest
 from .scheduler import FunctionSched, Scheduler
 
-_F32 = np.dtype("<f4")
-_WAIT = Opcode.WAIT
-_NOP = Opcode.NOP
 _OPNAME = {op: op.name for op in Opcode}
+# Read from the registry once: the step loop asks for every command.
+_POLLS = frozenset(op for op, spec in OPS.items() if spec.polls)
+_TIME_ONLY = frozenset(op for op, spec in OPS.items() if spec.time_only)
 # A submission's last command, when it is a big one (virtual cost at least this), is
 # applied at its end time together with the completion instead of early: see _step_loop.
 _DEFER_LAST_MIN_NS = 10_000
 _CMD_FIELDS = ("opcode", "offset", "start_ns", "end_ns", "engine", "queue")
-
-
-# --- the math ------------------------------------------------------------------------
-
-def execute(cmd: Command, dma: DmaPort, start_ns: int) -> None:
-    """Carry out one validated command. Host accesses may still raise DmaFault (the
-    IOMMU mapping may have changed since validation); device views cannot fail."""
-    with np.errstate(all="ignore"):  # inf/NaN are data, never an exception
-        _execute(cmd, dma, start_ns)
-
-
-def _execute(cmd: Command, dma: DmaPort, start_ns: int) -> None:
-    op = cmd.opcode
-    if cmd.run is not None:  # the newer opcodes carry their bound kernel
-        cmd.run()
-        return
-    if op in (Opcode.NOP, Opcode.CALL, Opcode.WAIT):  # a CALL's callee commands follow it
-        return
-    if op == Opcode.GEMM:
-        _gemm(cmd)
-    elif op == Opcode.ELEMENTWISE:
-        _elementwise(cmd)
-    elif op == Opcode.FILL:
-        assert cmd.dst is not None
-        cmd.dst.view("<u4").fill(cmd.value)
-    elif op == Opcode.DMA_D2D:
-        assert cmd.dst is not None and cmd.src is not None
-        cmd.dst[...] = cmd.src  # numpy copies through a temporary when ranges overlap
-    elif op == Opcode.DMA_H2D:
-        assert cmd.dst is not None
-        np.copyto(cmd.dst, dma.view(cmd.host_addr, cmd.size))
-    elif op == Opcode.DMA_D2H:
-        assert cmd.src is not None
-        dma.write(cmd.host_addr, cmd.src)
-    elif op == Opcode.SIGNAL:
-        dma.write(cmd.host_addr, cmd.value.to_bytes(8, "little"))
-    elif op == Opcode.TIMESTAMP:
-        dma.write(cmd.host_addr, start_ns.to_bytes(8, "little"))
-
-
-def _gemm(cmd: Command) -> None:
-    a, b, c = cmd.a, cmd.b, cmd.c
-    assert a is not None and b is not None and c is not None
-    act = cmd.activation
-    bias = cmd.bias
-    if (cmd.dtype == DType.F32 and cmd.alpha == 1.0 and cmd.beta == 0.0
-            and act in (Activation.NONE, Activation.RELU)
-            and (bias is None or (bias.dtype == _F32 and not np.may_share_memory(bias, c)))):
-        # Fast path: BLAS writes straight into device memory; the epilogue (bias, ReLU)
-        # runs in place on it. Same f32 operations in the same order as the slow path.
-        np.matmul(a, b, out=c)
-        if bias is not None:
-            np.add(c, bias, out=c)
-        if act == Activation.RELU:
-            np.maximum(c, 0, out=c)
-        return
-    if cmd.dtype == DType.F32:
-        t = np.matmul(a, b)
-    else:
-        t = np.matmul(a.astype(_F32), b.astype(_F32))
-    if cmd.alpha != 1.0:
-        t *= np.float32(cmd.alpha)
-    if cmd.beta != 0.0:
-        t += np.float32(cmd.beta) * c.astype(_F32)
-    if cmd.bias is not None:
-        t += cmd.bias.astype(_F32)
-    np.copyto(c, apply_activation(t, act), casting="unsafe")
-
-
-_BINARY = {EltOp.ADD: np.add, EltOp.MUL: np.multiply, EltOp.SUB: np.subtract,
-           EltOp.DIV: np.divide}
-
-
-def _elementwise(cmd: Command) -> None:
-    """One numpy ufunc per command; f16 binary ops round once (numpy computes them in
-    f32), GELU and SIGMOID go through f64 and round once to the dtype."""
-    a, b, out = cmd.a, cmd.b, cmd.dst
-    assert a is not None and out is not None
-    if cmd.op == EltOp.RELU:
-        np.maximum(a, a.dtype.type(0), out=out)
-    elif cmd.op == EltOp.GELU:
-        np.copyto(out, gelu64(a), casting="unsafe")
-    elif cmd.op == EltOp.SIGMOID:
-        np.copyto(out, sigmoid64(a), casting="unsafe")
-    else:
-        assert b is not None
-        _BINARY[EltOp(cmd.op)](a, b, out=out)  # b of shape [cols] broadcasts over rows
 
 
 # --- scheduling ----------------------------------------------------------------------
@@ -410,11 +322,12 @@ class CommandProcessor:
                    metrics: Metrics, emit: Callable[..., None]) -> None:
         while run.next < len(cmds):
             cmd = cmds[run.next]
-            if (cmd.opcode is _NOP and run.cur_end < 0 and not shared and not fs.stopped
-                    and cmd.run is None and not cmd.path):
-                # A run of NOPs: the generic path below, step for step, minus what a NOP
-                # cannot do (boundary checks are no-ops unshared and unstopped; nothing
-                # executes, so nothing can schedule an event and move the horizon).
+            if (cmd.opcode in _TIME_ONLY and run.cur_end < 0 and not shared
+                    and not fs.stopped and not cmd.path):
+                # A run of time-only commands (NOPs): the generic path below, step for
+                # step, minus what they cannot do (boundary checks are no-ops unshared
+                # and unstopped; nothing executes, so nothing can schedule an event and
+                # move the horizon).
                 i = start_i = run.next
                 t = run.t
                 n = len(cmds)
@@ -428,7 +341,7 @@ class CommandProcessor:
                 t0 = t
                 while i < n:
                     c = cmds[i]
-                    if c.opcode is not _NOP or c.run is not None or c.path:
+                    if c.opcode not in _TIME_ONLY or c.path:
                         break
                     cost = c.cost_ns
                     if timeout and cost > timeout:
@@ -437,7 +350,7 @@ class CommandProcessor:
                     if e > now and limit is not None and e > limit:
                         break
                     vt += cost / weight  # FunctionSched.charge, term by term
-                    append(("NOP", c.offset, t, e, engine, queue))
+                    append((_OPNAME[c.opcode], c.offset, t, e, engine, queue))
                     t = e
                     i += 1
                 fs.vt = vt
@@ -445,7 +358,7 @@ class CommandProcessor:
                 metrics.device_time_ns += t - t0
                 metrics.commands += i - start_i
                 run.t, run.next = t, i
-                if rows:  # one `cmd` event per NOP, as below, handed over in one call
+                if rows:  # one `cmd` event per command, as below, handed over in one call
                     self._emit_each("cmd", _CMD_FIELDS, rows)
                 if i > start_i:
                     continue
@@ -458,7 +371,7 @@ class CommandProcessor:
                         return
                     self._preempt(run)
                     return
-                if cmd.opcode is _WAIT:
+                if cmd.opcode in _POLLS:
                     if run.t > now:
                         self.schedule(run.t - now, lambda: self._step(run), "va1-wait-poll")
                         return
@@ -487,8 +400,7 @@ class CommandProcessor:
                 self._timeout(run, cmd, end)
                 break
             try:
-                if cmd.opcode is not _NOP or cmd.run is not None:
-                    _execute(cmd, self.dma, start)  # errstate: entered once per step
+                OPS[cmd.opcode].execute(cmd, self.dma, start)  # errstate: entered in _step
             except DmaFault as e:
                 sub.status, sub.error_offset = Status.DMA_FAULT, cmd.offset
                 self.tracer.emit("cmd_fault", queue=sub.queue, offset=cmd.offset,

@@ -2,15 +2,15 @@
 
 A transport (virtio-mmio today, virtio-pci later) owns registers, status and interrupts;
 the device owns its queues' meaning. They meet here: the transport asks for identity,
-features, queue sizes and config bytes, and at DRIVER_OK hands the device its queues and
-a `VirtioInterrupt` to signal through.
+features, queue sizes and config bytes, and at DRIVER_OK hands the device its rings
+(built by `ring_factory.make_device_ring`) and a `VirtioInterrupt` to signal through.
 """
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from typing import Protocol, Sequence
 
-from .queue import Queue
+from .ring import DeviceRing
 
 
 class VirtioInterrupt(Protocol):
@@ -63,8 +63,9 @@ class VirtioDevice(ABC):
     def config_generation(self) -> int: ...
 
     @abstractmethod
-    def activate(self, queues: Sequence[Queue], interrupt: VirtioInterrupt) -> None:
-        """DRIVER_OK: start serving `queues` (all of them, ready or not)."""
+    def activate(self, queues: Sequence[DeviceRing], interrupt: VirtioInterrupt) -> None:
+        """DRIVER_OK: start serving `queues` (all of them, ready or not), each the
+        device side of a ring of the negotiated layout."""
 
     @abstractmethod
     def notify(self, queue_index: int) -> None:

@@ -20,19 +20,15 @@ from hwspec import va1
 from hwspec import virtio_admin as VA
 from hwspec import virtio_pci as VP
 
-from typing import TYPE_CHECKING, Sequence
+from typing import Protocol
 
-from ..pci.api import BarInfo, MsixInfo, PciFunction, SriovPlatform
+from ..pci.api import BarInfo, MsixInfo
 from ..pci.config import ConfigSpace, add_pcie_endpoint_cap, all_ones
 from ..pci.msix import Msix
-from ..pci.sriov import SriovCap
 from ..ports import IrqLine, MsiPort, NullTracer, Tracer
 from .device import VirtioDevice
 from .queue import Queue
 from .status import TransportCore, Violation
-
-if TYPE_CHECKING:  # pragma: no cover
-    from ..va1.card import Va1Card
 
 _PAGE = 0x1000
 _BAR_ACCESS_SIZES = (1, 2, 4, 8)
@@ -41,6 +37,24 @@ _CONFIG_SIZES = (1, 2, 4, 8)
 _QUEUE_ADDR_LO = (VP.COMMON_Q_DESCLO, VP.COMMON_Q_AVAILLO, VP.COMMON_Q_USEDLO)
 _QUEUE_ADDR = _QUEUE_ADDR_LO + (VP.COMMON_Q_DESCHI, VP.COMMON_Q_AVAILHI, VP.COMMON_Q_USEDHI)
 _QUEUE_WRITES = (VP.COMMON_Q_SIZE, VP.COMMON_Q_ENABLE) + _QUEUE_ADDR
+
+
+class SriovHooks(Protocol):
+    """What an SR-IOV owner plugs into a function: the transport calls it at the few
+    points where a physical or virtual function differs from a plain one, so that the
+    generic transport needs to know nothing else of SR-IOV."""
+
+    def init_config(self, config: ConfigSpace) -> None:
+        """Once, before the power-on image is sealed: add or reshape registers."""
+        ...
+
+    def memory_enabled(self, command: int) -> bool:
+        """Whether the BAR decodes, given this function's Command register."""
+        ...
+
+    def after_flr(self) -> None:
+        """An FLR has just put every register of the function back to power-on."""
+        ...
 
 
 class VirtioPciFunction(TransportCore):
@@ -63,17 +77,14 @@ class VirtioPciFunction(TransportCore):
                  subsystem_id: int = va1.PCI_SUBSYSTEM_ID,
                  device_cfg_length: int = va1.CONFIG.size,
                  queue_capacity: int = 0,
-                 vf_of: "VirtioPciFunction | None" = None, vf_number: int = 0) -> None:
+                 sriov_hooks: SriovHooks | None = None) -> None:
         """`queue_capacity`: queues (and MSI-X vectors) to provide for, when the device
-        may be re-provisioned with more queues later (a VF). `vf_of`/`vf_number`: this
-        function is VF `vf_number` of the PF `vf_of` (SR-IOV VF config space: Vendor
-        and Device ID read 0xFFFF, BAR registers read 0, memory decoding follows the
-        PF's VF MSE, no INTx)."""
+        may be re-provisioned with more queues later. `sriov_hooks`: those of the SR-IOV
+        owner when this function is a physical or virtual function."""
         self.device = device
         self.msi = msi
-        self.vf_of = vf_of
-        self.vf_number = vf_number
-        self.intx = intx if vf_of is None else None
+        self.sriov_hooks = sriov_hooks
+        self.intx = intx
         self.tracer: Tracer = tracer if tracer is not None else NullTracer()
         self.violations: list[Violation] = []
         sizes = list(device.queue_max_sizes())
@@ -83,25 +94,14 @@ class VirtioPciFunction(TransportCore):
         self.queue_capacity = len(self.queues)
         self._admin_index: int | None = getattr(device, "admin_queue_index", None)
         self._intx_level = False
-        self.sriov: SriovCap | None = None
-        self.card: "Va1Card | None" = None
-
-        is_vf = vf_of is not None
         self.config = ConfigSpace(
-            vendor_id=0xFFFF if is_vf else VP.PCI_VENDOR_ID,
-            device_id=0xFFFF if is_vf else VP.PCI_DEVICE_ID_BASE + device.device_id,
+            vendor_id=VP.PCI_VENDOR_ID, device_id=VP.PCI_DEVICE_ID_BASE + device.device_id,
             revision=VP.PCI_REVISION_MODERN, class_code=P.CLASS_PROCESSING_ACCELERATOR << 16,
             subsystem_vendor_id=subsystem_vendor_id, subsystem_id=subsystem_id,
             interrupt_pin=P.INTERRUPT_PIN_INTA if self.intx is not None else 0,
             log=self._violation)
-        if is_vf:
-            # VF command register: Memory Space is RsvdP 0 (the PF's VF MSE decides),
-            # INTx is not supported; Bus Master is the VF's own.
-            self.config.set_wmask(P.COMMAND, 2, P.COMMAND_MASTER)
-            self.bar = BarInfo(va1.PCI_BAR, va1.PCI_BAR_SIZE, True, False)
-        else:
-            self.bar = self.config.add_bar(va1.PCI_BAR, va1.PCI_BAR_SIZE, is_64bit=True,
-                                           prefetchable=False)  # ISR reads: side effects
+        self.bar = self.config.add_bar(va1.PCI_BAR, va1.PCI_BAR_SIZE, is_64bit=True,
+                                       prefetchable=False)  # ISR reads: side effects
         self.notify_multiplier = va1.PCI_NOTIFY_OFF_MULTIPLIER
         self.notify_length = self.queue_capacity * self.notify_multiplier
         self.device_cfg_length = device_cfg_length
@@ -123,6 +123,8 @@ class VirtioPciFunction(TransportCore):
         self.config.on_write(self.msix.cap + P.MSIX_FLAGS, 2, self._irq_mode_changed)
         self.pcie_cap = add_pcie_endpoint_cap(self.config, self.function_level_reset)
         self.config.on_write(P.COMMAND, 2, self._command_written)
+        if sriov_hooks is not None:
+            sriov_hooks.init_config(self.config)
         self.config.seal_defaults()
         self._reset_state()
 
@@ -136,59 +138,18 @@ class VirtioPciFunction(TransportCore):
 
     @property
     def admin_queue_index(self) -> int | None:
-        """The admin virtqueue's index (PF only; None elsewhere)."""
+        """The admin virtqueue's index (None when the device has none)."""
         return self._admin_index
 
     def _queue_ok(self, index: int) -> bool:
         return 0 <= index < self.num_queues or (
             self._admin_index is not None and index == self._admin_index)
 
-    # --- SR-IOV (PF) --------------------------------------------------------------------
-
-    @classmethod
-    def physical_function(cls, card: "Va1Card", msi: MsiPort, platform: SriovPlatform,
-                          tracer: Tracer | None = None, intx: IrqLine | None = None,
-                          ) -> "VirtioPciFunction":
-        """The PF of `card` with its SR-IOV capability and admin virtqueue. Setting VF
-        Enable creates NumVFs VFs (ports from `platform.vf_ports(n)`) and hands them to
-        `platform.vfs_enabled`; clearing it drops them (`platform.vfs_disabled`)."""
-        fn = cls(card.pf_device, msi, tracer if tracer is not None else card.tracer, intx)
-        fn.card = card
-        fn.config._defaults = b""   # re-sealed below, with the SR-IOV capability
-        fn.sriov = SriovCap(fn.config, card.total_vfs, va1.SRIOV_VF_DEVICE_ID,
-                            va1.PCI_BAR_SIZE, va1.SRIOV_FIRST_VF_OFFSET, va1.SRIOV_VF_STRIDE,
-                            fn._vfs_enable, fn._vfs_disable, fn._violation)
-        fn.config.seal_defaults()
-        card.attach_pf(fn, platform)
-        return fn
-
-    def _vfs_enable(self, num_vfs: int) -> None:
-        assert self.card is not None
-        self.card.enable_vfs(num_vfs)
-
-    def _vfs_disable(self) -> None:
-        assert self.card is not None
-        self.card.disable_vfs()
-
-    @property
-    def vfs(self) -> Sequence["VirtioPciFunction"]:
-        """The enabled VFs, VF 1 first (empty without SR-IOV or with VF Enable clear)."""
-        return self.card.vf_functions if self.card is not None else ()
-
-    def vf_bar_address(self, vf: int) -> int:
-        """Where VF `vf` (1-based) has its BAR0 (PF VF BAR0 + (vf-1) * BAR size)."""
-        if self.sriov is None:
-            raise ValueError("not an SR-IOV physical function")
-        return self.sriov.vf_bar_address(vf)
-
-    def vf_routing_id_offset(self, vf: int) -> int:
-        """VF `vf`'s requester ID relative to the PF's (First VF Offset + (vf-1) * Stride)."""
-        return va1.SRIOV_FIRST_VF_OFFSET + (vf - 1) * va1.SRIOV_VF_STRIDE
-
     def _memory_enabled(self) -> bool:
-        if self.vf_of is not None:
-            return self.vf_of.sriov is not None and self.vf_of.sriov.vf_mse
-        return bool(self.config.command & P.COMMAND_MEMORY)
+        command = self.config.command
+        if self.sriov_hooks is not None:
+            return self.sriov_hooks.memory_enabled(command)
+        return bool(command & P.COMMAND_MEMORY)
 
     # --- capabilities -----------------------------------------------------------------
 
@@ -309,10 +270,8 @@ class VirtioPciFunction(TransportCore):
         self.config.write(offset, size, value)
 
     def bars(self) -> tuple[BarInfo, ...]:
-        """A VF's BAR0 is not in its BAR registers (they read 0): it lives at
-        `pf.vf_bar_address(n)`; its size and type are reported here all the same."""
-        if self.vf_of is not None:
-            return (self.bar,)
+        """Size and type of every BAR, also when the SR-IOV owner placed it elsewhere
+        than in the BAR registers."""
         return self.config.bars()
 
     def msix_info(self) -> MsixInfo | None:
@@ -554,8 +513,6 @@ class VirtioPciFunction(TransportCore):
         self.config.put(devctl, 2, self.config.get(devctl, 2) | payload)
         self.msix.reset()
         self._reset_state()
-        if self.sriov is not None:
-            self.sriov.reset()          # a PF FLR clears VF Enable: the VFs go away
-        if self.card is not None and self.vf_of is not None:
-            self.card.vf_flr(self.vf_number)
+        if self.sriov_hooks is not None:
+            self.sriov_hooks.after_flr()
         self.tracer.emit("flr")

@@ -15,6 +15,7 @@ from hwspec import virtio as V
 from ..ports import Tracer
 from .device import VirtioDevice
 from .queue import Queue, is_power_of_two
+from .ring_factory import make_device_ring, ring_alignment_ok
 
 DRIVER_STATUS_BITS = (V.STATUS_ACKNOWLEDGE | V.STATUS_DRIVER | V.STATUS_FEATURES_OK
                       | V.STATUS_DRIVER_OK | V.STATUS_FAILED)
@@ -141,8 +142,13 @@ class TransportCore:
             return
         q.size = value
 
+    def _ring_features(self) -> int:
+        """The features the driver's rings follow: accepted ones once FEATURES_OK is
+        set (a subset of the offer), else none (the split ring's rules)."""
+        return self.acked_features if self.status & V.STATUS_FEATURES_OK else 0
+
     def _enable_queue(self, q: Queue) -> None:
-        if not q.alignment_ok():
+        if not ring_alignment_ok(self._ring_features(), q):
             self._violation("queue/alignment",
                             f"queue {self.queue_sel}: desc {q.desc_table:#x} driver "
                             f"{q.avail_ring:#x} device {q.used_ring:#x}")
@@ -216,9 +222,8 @@ class TransportCore:
             self.device.ack_features(acked)
         self.status = new
         if added & V.STATUS_DRIVER_OK:
-            for q in self.queues:
-                q.activate(self.acked_features)
-            self.device.activate(self.queues, self)
+            features = self.acked_features
+            self.device.activate([make_device_ring(features, q) for q in self.queues], self)
 
     def reset(self) -> None:
         """Status 0 (spec §8): the device drops everything, then the registers clear."""

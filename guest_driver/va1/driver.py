@@ -38,12 +38,12 @@ from ..virtio.admin import ADMIN_QUEUE_SIZE, AdminError, AdminQueue
 from ..virtio.mmio import VirtioMmio
 from ..virtio.pci import VirtioPci
 from ..virtio.transport import ProbeError, TransportError, VirtioTransport
-from ..virtio.split_ring import RingError, SplitQueue
+from ..virtio.ring import DriverRing, RingError
+from ..virtio.ring_factory import RING_FEATURES, make_driver_ring, ring_features
 from .devmem import DeviceMemory
 from .fence import Fence, FenceTimeline
 
-WANTED_FEATURES = ((1 << V.F_VERSION_1) | (1 << V.F_ACCESS_PLATFORM)
-                   | (1 << V.F_RING_INDIRECT_DESC) | (1 << V.F_RING_EVENT_IDX)
+WANTED_FEATURES = ((1 << V.F_VERSION_1) | (1 << V.F_ACCESS_PLATFORM) | RING_FEATURES
                    | (1 << A.F_FP16) | (1 << A.F_INT8) | (1 << A.F_TIMESTAMP))
 REQUIRED_FEATURES = 1 << V.F_VERSION_1
 PF_FEATURES = (1 << V.F_SR_IOV) | (1 << V.F_ADMIN_VQ)  # only ever accepted on a PF
@@ -124,7 +124,7 @@ _Token = Union[_CtrlRequest, _Submission, _EventBuf]
 @dataclass
 class _Queue:
     index: int
-    ring: SplitQueue[_Token]
+    ring: DriverRing[_Token]
     slot_base: int
     slot_size: int
     free_slots: list[int] = field(default_factory=list)
@@ -235,8 +235,7 @@ class VA1Device:
         if self.config and cfg["num_submit_queues"] != self.config["num_submit_queues"]:
             raise TransportError("num_submit_queues changed across a reset")
         self.config = cfg
-        indirect = bool(self.features >> V.F_RING_INDIRECT_DESC & 1)
-        event_idx = bool(self.features >> V.F_RING_EVENT_IDX & 1)
+        rings = ring_features(self.features)
         plan = [(A.CONTROLQ, CTRL_QUEUE_SIZE, CTRL_REQ_MAX + CTRL_RESP_MAX),
                 (A.EVENTQ, EVENT_QUEUE_SIZE, A.EVENT.size)]
         plan += [(A.FIRST_SUBMITQ + i, SUBMIT_QUEUE_SIZE, A.SUBMIT_REQ.size + A.SUBMIT_RESP.size)
@@ -258,20 +257,19 @@ class VA1Device:
             num = min(_pow2_floor(num_max), cap)
             if i < len(self._queues):
                 q = self._queues[i]
-                if (q.ring.num == num and q.ring.indirect == indirect
-                        and q.ring.event_idx == event_idx):
+                if q.ring.num == num and q.ring.features == rings:
                     q.ring.reset()
                 else:
                     q.ring.release()
                     self.alloc.free(q.slot_base)
-                    self._queues[i] = self._new_queue(index, num, slot_size, indirect, event_idx)
+                    self._queues[i] = self._new_queue(index, num, slot_size)
             else:
-                self._queues.append(self._new_queue(index, num, slot_size, indirect, event_idx))
+                self._queues.append(self._new_queue(index, num, slot_size))
             q = self._queues[i]
             q.reset_slots()
             t.setup_queue(index, num, q.ring.desc_addr, q.ring.driver_addr, q.ring.device_addr)
         if admin_index is not None:
-            self._setup_admin(admin_index, indirect, event_idx)
+            self._setup_admin(admin_index)
         elif self.admin is not None:  # no longer negotiated after a reset
             self.admin.release()
             self.admin = None
@@ -301,19 +299,19 @@ class VA1Device:
         t.set_admin_queues((index,))
         return index
 
-    def _setup_admin(self, index: int, indirect: bool, event_idx: bool) -> None:
+    def _setup_admin(self, index: int) -> None:
         t = self.transport
         num_max = t.queue_num_max(index)
         if num_max == 0:
             raise TransportError(f"admin queue {index} does not exist (queue_size 0)")
         num = min(_pow2_floor(num_max), ADMIN_QUEUE_SIZE)
         aq = self.admin
-        if aq is None or aq.index != index or aq.ring.num != num or (
-                aq.ring.indirect != indirect or aq.ring.event_idx != event_idx):
+        if (aq is None or aq.index != index or aq.ring.num != num
+                or aq.ring.features != ring_features(self.features)):
             if aq is not None:
                 aq.release()
-            aq = AdminQueue(self.kernel, self.alloc, index, num, indirect=indirect,
-                            event_idx=event_idx, name=self.name, notify=t.notify,
+            aq = AdminQueue(self.kernel, self.alloc, index, num, features=self.features,
+                            name=self.name, notify=t.notify,
                             on_timeout=self.recover, check_alive=self.check_alive)
             aq.wanted = self.admin_opcodes
             self.admin = aq
@@ -351,11 +349,9 @@ class VA1Device:
         except AdminError as e:
             raise VA1Error(e.errno or errno.EIO, str(e)) from None
 
-    def _new_queue(self, index: int, num: int, slot_size: int, indirect: bool,
-                   event_idx: bool) -> _Queue:
-        ring: SplitQueue[_Token] = SplitQueue(self.kernel.memory, self.alloc, index, num,
-                                              indirect=indirect, event_idx=event_idx,
-                                              max_indirect=2)
+    def _new_queue(self, index: int, num: int, slot_size: int) -> _Queue:
+        ring: DriverRing[_Token] = make_driver_ring(self.features, self.kernel.memory,
+                                                    self.alloc, index, num, max_indirect=2)
         try:
             slots = self.alloc.alloc_dma(num * slot_size)
         except AllocError:

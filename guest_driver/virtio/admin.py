@@ -24,7 +24,8 @@ from hwspec import virtio_admin as VA
 from ..errors import GuestDriverError
 from ..kernel import GuestKernel
 from ..mm import AllocError, PageAllocator
-from .split_ring import SplitQueue
+from .ring import DriverRing
+from .ring_factory import make_driver_ring
 
 ADMIN_QUEUE_SIZE = 16
 ADMIN_TIMEOUT_NS = 1_000_000_000
@@ -83,7 +84,7 @@ class AdminQueue:
     """One admin virtqueue of one function."""
 
     def __init__(self, kernel: GuestKernel, alloc: PageAllocator, index: int, num: int, *,
-                 indirect: bool, event_idx: bool, name: str,
+                 features: int, name: str,
                  notify: Callable[[int], None],
                  on_timeout: Callable[[str], None],
                  check_alive: Callable[[], None]) -> None:
@@ -91,9 +92,8 @@ class AdminQueue:
         self.alloc = alloc
         self.index = index
         self.name = name
-        self.ring: SplitQueue[_AdminCmd] = SplitQueue(kernel.memory, alloc, index, num,
-                                                      indirect=indirect,
-                                                      event_idx=event_idx, max_indirect=2)
+        self.ring: DriverRing[_AdminCmd] = make_driver_ring(features, kernel.memory, alloc,
+                                                            index, num, max_indirect=2)
         self._notify = notify
         self._on_timeout = on_timeout
         self._check_alive = check_alive

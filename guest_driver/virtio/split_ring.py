@@ -1,4 +1,5 @@
-"""Split virtqueue, driver side (virtio 1.x §2.7; VA-1 datasheet §4).
+"""Split virtqueue, driver side (virtio 1.x §2.7; VA-1 datasheet §4); drivers get it
+from `ring_factory.make_driver_ring` and use it as a `ring.DriverRing`.
 
 The driver keeps its own record of every chain it made available (descriptor ids,
 writable capacity, the caller's token) and never re-reads descriptors from shared
@@ -12,25 +13,17 @@ from typing import Generic, Sequence, TypeVar
 
 from hwspec import virtio as V
 
-from ..errors import GuestDriverError
 from ..kernel import PhysMemory
 from ..mm import RangeAllocator, align_up
+from .ring import QueueFull, RingError, Segment
+
+__all__ = ["QueueFull", "RingError", "RingLayout", "SplitQueue", "vring_need_event"]
 
 T = TypeVar("T")
-
-Segment = tuple[int, int]  # (IOVA, length)
 
 _DESC = struct.Struct(V.DESC.format)
 _USED_ELEM = struct.Struct(V.USED_ELEM.format)
 _U16 = struct.Struct("<H")
-
-
-class QueueFull(GuestDriverError):
-    """Not enough free descriptors for this request right now (wait and retry)."""
-
-
-class RingError(GuestDriverError, RuntimeError):
-    """The device broke the ring protocol; the queue is unusable until reset."""
 
 
 def vring_need_event(event_idx: int, new_idx: int, old_idx: int) -> bool:
@@ -70,13 +63,15 @@ class SplitQueue(Generic[T]):
         self.num = num
         self.indirect = indirect
         self.event_idx = event_idx
+        self.features = ((1 << V.F_RING_INDIRECT_DESC if indirect else 0)
+                         | (1 << V.F_RING_EVENT_IDX if event_idx else 0))
         self.max_indirect = max_indirect if indirect else 0
         self.layout = RingLayout(num, self.max_indirect)
         self._alloc = alloc
         self.base = alloc.alloc(self.layout.total, 4096)
         # The whole ring allocation as one memoryview, bounds-checked once here: every
         # field access is then a struct pack_into/unpack_from at a fixed offset.
-        self._ring = memoryview(memory.view(self.base, self.layout.total)).cast("B")
+        self._ring = memory.view(self.base, self.layout.total).data.cast("B")
         self.broken: str | None = None
         self._free: list[int] = []
         self._tokens: list[T | None] = []

@@ -183,14 +183,13 @@ class Card:
                                                      tracer=self.tracer),
                             memory_size=memory, pf_memory=pf_memory, total_vfs=total_vfs)
         self.platform = FakeSriovPlatform(self.clock, self.tracer, ram)
-        self.pf_fn = VirtioPciFunction.physical_function(self.card, RecordingMsi(),
-                                                         self.platform)
+        self.pf_fn = self.card.physical_function(RecordingMsi(), self.platform)
         self.pf: PfRig = _rig_over(self.pf_fn, self.dma, self.clock, self.tracer, qsize,
                                    PfRig)  # type: ignore[assignment]
         self.qsize = qsize
 
     def vf_rig(self, n: int) -> PciRig:
-        fn = self.pf_fn.vfs[n - 1]
+        fn = self.card.vf_functions[n - 1]
         return _rig_over(fn, self.platform.dmas[n], self.clock, self.tracer, self.qsize)
 
 

@@ -21,7 +21,7 @@ def _card(n: int = 4, use: bool = True) -> Card:
 
 
 def _snapshot(c: Card) -> tuple[object, ...]:
-    return (tuple(c.pf.get_resources(n) for n in range(1, len(c.pf_fn.vfs) + 1)),
+    return (tuple(c.pf.get_resources(n) for n in range(1, len(c.card.vf_functions) + 1)),
             tuple(r.base for r in c.card.partitions),
             tuple((f.weight, f.priority, f.stopped) for f in c.card.scheduler.functions),
             tuple(d.num_queues for d in c.card.vf_devices))

@@ -8,7 +8,10 @@ import pytest
 from dm_driver import Bump, MockSplitQueue
 from dm_fakes import FakeDma
 
-from device_model.virtio.queue import Queue, RingError, vring_need_event
+from device_model.virtio.queue import Queue
+from device_model.virtio.ring import RingError
+from device_model.virtio.ring_factory import make_device_ring
+from device_model.virtio.split_ring import SplitRing, vring_need_event
 from hwspec import virtio as V
 
 SIZES = [1 << i for i in range(16)]  # 1 .. 32768 (virtio's max; VA-1's default max is 256)
@@ -16,15 +19,17 @@ EVENT_IDX = 1 << 29
 INDIRECT = 1 << 28
 
 
-def make(size: int, features: int = 0, ram: int = 4 << 20) -> tuple[FakeDma, Bump, MockSplitQueue, Queue]:
+def make(size: int, features: int = 0, ram: int = 4 << 20
+         ) -> tuple[FakeDma, Bump, MockSplitQueue, SplitRing]:
     dma = FakeDma(size=ram)
     alloc = Bump(dma)
     mq = MockSplitQueue(dma, alloc, size)
-    q = Queue(max(size, 256))
-    q.size = size
-    q.desc_table, q.avail_ring, q.used_ring = mq.desc, mq.avail, mq.used
-    q.ready = True
-    q.activate(features)
+    regs = Queue(max(size, 256))
+    regs.size = size
+    regs.desc_table, regs.avail_ring, regs.used_ring = mq.desc, mq.avail, mq.used
+    regs.ready = True
+    q = make_device_ring(features, regs)
+    assert isinstance(q, SplitRing)
     return dma, alloc, mq, q
 
 

@@ -15,7 +15,7 @@ from dm_driver import Rig, gemm, nop, signal
 
 from device_model import Va1Config
 from device_model.va1 import commands as C
-from device_model.va1.engine import _gemm
+from device_model.va1.ops.execute import _gemm
 from device_model.va1.memory import DeviceMemory
 from hwspec.isa import Activation, DType, Opcode
 from hwspec.va1 import Status
@@ -28,7 +28,10 @@ def _env() -> C.DecodeEnv:
 
 
 def _slow_nop(env: C.DecodeEnv, offset: int) -> C.Command:
-    return C._resolve(C._Checker(env, offset), Opcode.NOP, 0, ())
+    out: list[C.Command] = []
+    C.resolve(C._Checker(env, offset), Opcode.NOP, 0, (), out)
+    (cmd,) = out
+    return cmd
 
 
 def test_nop_runs_decode_like_the_general_path() -> None:
@@ -54,7 +57,7 @@ def test_bad_nops_still_fail_through_the_general_path(buf: bytes, status: Status
 
 
 def _reference(a: np.ndarray, b: np.ndarray, bias: np.ndarray | None, act: int) -> np.ndarray:
-    t = np.matmul(a, b)
+    t: np.ndarray = np.matmul(a, b)
     if bias is not None:
         t += bias
     if act == Activation.RELU:

@@ -195,8 +195,8 @@ def test_flr_of_a_vf_leaves_the_others_running() -> None:
     t0 = c.clock.now
     run_until(c.clock, t0 + 2_000_000, loads)
     done_before = [len(ld.done) for ld in loads]
-    c.pf_fn.vfs[1].function_level_reset()       # VF 2 FLR
-    assert c.pf_fn.vfs[1].status == 0
+    c.card.vf_functions[1].function_level_reset()       # VF 2 FLR
+    assert c.card.vf_functions[1].status == 0
     assert not c.card.vf_devices[1].memory.data.any()        # scrubbed
     loads[1].stopped = True
     run_until(c.clock, t0 + 4_000_000, [loads[0], loads[2]])
@@ -216,9 +216,9 @@ def test_vf_reset_by_admin_is_an_flr() -> None:
     assert a.submit(ca, _fill(0, 64, 0x55555555)).status == 0
     assert c.card.vf_devices[0].memory.data[:64].all()
     assert c.pf.admin_cmd(S.VF_RESET, 1)[:2] == (0, 0)
-    assert c.pf_fn.vfs[0].status == 0 and c.card.vf_devices[0].contexts == {}
+    assert c.card.vf_functions[0].status == 0 and c.card.vf_devices[0].contexts == {}
     assert not c.card.vf_devices[0].memory.data[:64].any()
-    assert np.all(c.pf_fn.vfs[0].config_read(0x04, 2) == 0)  # command register cleared
+    assert np.all(c.card.vf_functions[0].config_read(0x04, 2) == 0)  # command register cleared
 
 
 def test_strict_priority_preempts_before_the_quantum_and_is_not_preempted() -> None:

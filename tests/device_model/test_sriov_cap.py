@@ -8,7 +8,7 @@ import dm_sriov as S
 from dm_pci_driver import PciDriver
 from dm_sriov import Card, ext_cap
 
-from device_model import DevicePorts, Va1Config, VirtioPciFunction
+from device_model import DevicePorts, Va1Config
 from device_model.va1.card import Va1Card
 
 
@@ -52,9 +52,9 @@ def test_vf_bar_sizing_protocol() -> None:
     assert (~mask & (2**64 - 1)) + 1 == 0x8000               # per-VF size = PF BAR size
     d.cw(cap + S.SR_BAR0, 4, 0x1234_5000)
     d.cw(cap + S.SR_BAR0 + 4, 4, 0x2)
-    assert c.pf_fn.sriov is not None
-    assert c.pf_fn.sriov.vf_bar_base() == 0x2_1234_0000 | 0x0000  # low bits below size: 0
-    assert c.pf_fn.vf_bar_address(3) == 0x2_1234_0000 + 2 * 0x8000
+    assert c.card.sriov is not None
+    assert c.card.sriov.vf_bar_base() == 0x2_1234_0000 | 0x0000  # low bits below size: 0
+    assert c.card.vf_bar_address(3) == 0x2_1234_0000 + 2 * 0x8000
 
 
 def test_num_vfs_above_total_refused() -> None:
@@ -74,7 +74,7 @@ def test_num_vfs_change_while_enabled_refused() -> None:
     d.cw(cap + S.SR_NUM, 2, 4)
     assert d.cr(cap + S.SR_NUM, 2) == 3
     assert c.pf_fn.violations[-1].rule == "sriov/num-vfs-while-enabled"
-    assert len(c.pf_fn.vfs) == 3 and c.platform.asked == [1, 2, 3]
+    assert len(c.card.vf_functions) == 3 and c.platform.asked == [1, 2, 3]
 
 
 def test_vfs_appear_with_rids_bars_and_config_space() -> None:
@@ -82,7 +82,7 @@ def test_vfs_appear_with_rids_bars_and_config_space() -> None:
     c.pf.enable_vfs(4)
     assert c.platform.asked == [1, 2, 3, 4]
     assert len(c.platform.enabled) == 1 and len(c.platform.enabled[0]) == 4
-    vfs = c.pf_fn.vfs
+    vfs = c.card.vf_functions
     assert list(c.platform.enabled[0]) == list(vfs)
     for n, vf in enumerate(vfs, 1):
         assert vf.config_read(0x00, 2) == 0xFFFF and vf.config_read(0x02, 2) == 0xFFFF
@@ -90,8 +90,8 @@ def test_vfs_appear_with_rids_bars_and_config_space() -> None:
         vf.config_write(0x10, 4, 0xFFFF_FFFF)               # VF BAR registers are RO 0
         assert vf.config_read(0x10, 4) == 0
         assert vf.bars()[0].size == 0x8000
-        assert c.pf_fn.vf_bar_address(n) == S.VF_BAR_BASE + (n - 1) * 0x8000
-        assert c.pf_fn.vf_routing_id_offset(n) == n
+        assert c.card.vf_bar_address(n) == S.VF_BAR_BASE + (n - 1) * 0x8000
+        assert c.card.vf_routing_id_offset(n) == n
         assert vf.config_read(0x2C, 2) == 0x1AF4          # subsystem ids stay
     # the PF keeps its own identity
     assert c.pf.cr(0x00, 2) == 0x1AF4 and c.pf.cr(0x02, 2) == 0x1040 + 60
@@ -101,10 +101,10 @@ def test_vf_disable_drops_vfs_and_tells_the_platform() -> None:
     c = Card()
     c.pf.enable_vfs(2)
     c.pf.disable_vfs()
-    assert c.platform.disabled == 1 and c.pf_fn.vfs == []
+    assert c.platform.disabled == 1 and c.card.vf_functions == []
     assert c.card.scheduler.functions[0].index == 0 and len(c.card.scheduler.functions) == 1
     c.pf.enable_vfs(2)     # NumVFs may change again while disabled; re-enable works
-    assert len(c.pf_fn.vfs) == 2 and c.platform.asked == [1, 2, 1, 2]
+    assert len(c.card.vf_functions) == 2 and c.platform.asked == [1, 2, 1, 2]
 
 
 def test_vf_memory_decoding_follows_vf_mse() -> None:
@@ -112,7 +112,7 @@ def test_vf_memory_decoding_follows_vf_mse() -> None:
     d, cap = _cap(c)
     d.cw(cap + S.SR_NUM, 2, 1)
     d.cw(cap + S.SR_CTRL, 2, S.VFE)                 # VF MSE clear
-    vf = c.pf_fn.vfs[0]
+    vf = c.card.vf_functions[0]
     vf.config_write(0x04, 2, 0x6)
     assert vf.config_read(0x04, 2) == 0x4           # Memory Space is RsvdP in a VF
     assert vf.bar_read(0, 0x12, 2) == 0xFFFF        # not decoding
@@ -147,7 +147,7 @@ def test_pf_flr_clears_vf_enable_and_drops_the_vfs() -> None:
     c.pf_fn.function_level_reset()
     d, cap = _cap(c)
     assert d.cr(cap + S.SR_CTRL, 2) == 0 and d.cr(cap + S.SR_NUM, 2) == 0
-    assert c.pf_fn.vfs == [] and c.platform.disabled == 1
+    assert c.card.vf_functions == [] and c.platform.disabled == 1
     assert ext_cap(d, 0x10) == cap                            # capability still there
 
 
@@ -157,9 +157,9 @@ def test_vf_flr_resets_only_that_vf() -> None:
     a, b = c.vf_rig(1), c.vf_rig(2)
     a.create_context()
     b.create_context()
-    c.pf_fn.vfs[0].function_level_reset()
-    assert c.pf_fn.vfs[0].status == 0 and c.card.vf_devices[0].contexts == {}
-    assert c.pf_fn.vfs[1].status == 0xF and len(c.card.vf_devices[1].contexts) == 1
+    c.card.vf_functions[0].function_level_reset()
+    assert c.card.vf_functions[0].status == 0 and c.card.vf_devices[0].contexts == {}
+    assert c.card.vf_functions[1].status == 0xF and len(c.card.vf_devices[1].contexts) == 1
 
 
 def test_card_parameters_are_checked() -> None:
@@ -172,8 +172,8 @@ def test_card_parameters_are_checked() -> None:
             continue
         raise AssertionError(kw)
     card = Va1Card(Va1Config(), ports, memory_size=16 << 20, pf_memory=4 << 20)
-    fn = VirtioPciFunction.physical_function(card, S.RecordingMsi(),
-                                             S.FakeSriovPlatform(ports.clock, S.RecordingTracer()))
+    fn = card.physical_function(S.RecordingMsi(),
+                                S.FakeSriovPlatform(ports.clock, S.RecordingTracer()))
     assert fn.device is card.pf_device and card.pf_device.memory.size == 4 << 20
     assert struct.unpack_from("<Q", card.pf_device.read_config(8, 8))[0] == 4 << 20
 
@@ -182,7 +182,7 @@ def test_sixty_four_vfs_each_run_a_workload_correctly() -> None:
     c = Card(memory=256 * S.MIB, ram=256 << 10)
     c.pf.use_all()
     c.pf.enable_vfs(64)
-    assert len(c.pf_fn.vfs) == 64 and c.platform.asked == list(range(1, 65))
+    assert len(c.card.vf_functions) == 64 and c.platform.asked == list(range(1, 65))
     share = (256 - 8) * S.MIB // 64 // S.MIB * S.MIB
     rigs = [c.vf_rig(n) for n in range(1, 65)]
     for n, rig in enumerate(rigs, 1):

@@ -1,0 +1,107 @@
+"""What every device-side virtqueue hands the device, whatever its layout (virtio 1.x
+§2.7 split, §2.8 packed): checked descriptor chains in, used buffers out.
+
+A device (VA-1's `Va1Device`) programs against `DeviceRing` and never sees where the
+descriptors, the driver area or the device area are or how they are laid out; the
+layouts live in their own modules and `ring_factory.make_device_ring` picks one from
+the negotiated features.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from ..errors import DeviceModelError
+from ..ports import DmaPort
+
+
+class RingError(DeviceModelError):
+    """The driver broke a ring rule of spec §4: the ring is unusable until reset."""
+
+    def __init__(self, rule: str, message: str) -> None:
+        super().__init__(f"{rule}: {message}")
+        self.rule = rule
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Descriptor:
+    """One buffer of a chain, after the chain was checked."""
+    addr: int
+    length: int
+    write: bool
+
+
+@dataclass
+class DescriptorChain:
+    """A checked request: readable buffers, then writable ones."""
+    head: int
+    readable: list[Descriptor] = field(default_factory=list)
+    writable: list[Descriptor] = field(default_factory=list)
+
+    @property
+    def readable_len(self) -> int:
+        return sum(d.length for d in self.readable)
+
+    @property
+    def writable_len(self) -> int:
+        return sum(d.length for d in self.writable)
+
+    def read(self, dma: DmaPort, limit: int) -> bytes:
+        """Gather up to `limit` readable bytes (raises DmaFault)."""
+        parts: list[bytes] = []
+        left = limit
+        for d in self.readable:
+            if left <= 0:
+                break
+            n = min(left, d.length)
+            if n:
+                parts.append(dma.read(d.addr, n))
+            left -= n
+        return b"".join(parts)
+
+    def write(self, dma: DmaPort, data: bytes) -> int:
+        """Scatter `data` over the writable buffers; returns the bytes written.
+
+        Every target is checked before the first byte is written, so a fault writes
+        nothing (raises DmaFault)."""
+        plan: list[tuple[int, int, int]] = []
+        pos = 0
+        for d in self.writable:
+            if pos >= len(data):
+                break
+            n = min(d.length, len(data) - pos)
+            if n:
+                plan.append((d.addr, pos, n))
+            pos += n
+        for addr, _, n in plan:
+            dma.view(addr, n)  # probe: raises DmaFault before anything is written
+        mv = memoryview(data)
+        for addr, off, n in plan:
+            dma.write(addr, mv[off:off + n])
+        return pos
+
+
+class DeviceRing(Protocol):
+    """The device side of one virtqueue, after DRIVER_OK."""
+
+    @property
+    def ready(self) -> bool:
+        """The driver enabled this queue before DRIVER_OK."""
+        ...
+
+    def pending(self, dma: DmaPort) -> int:
+        """Chains the driver made available that the device has not taken (checked)."""
+        ...
+
+    def pop(self, dma: DmaPort) -> DescriptorChain | None:
+        """The next available chain, fully checked, or None. Raises RingError."""
+        ...
+
+    def push_used(self, dma: DmaPort, head: int, length: int) -> None:
+        """Give chain `head` back with `length` bytes written. Raises RingError."""
+        ...
+
+    def needs_interrupt(self, dma: DmaPort) -> bool:
+        """After pushing used entries: should the driver be interrupted?"""
+        ...

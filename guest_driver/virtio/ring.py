@@ -1,0 +1,83 @@
+"""What a virtio driver needs of one virtqueue's driver side, whatever its layout
+(virtio 1.x §2.7 split, §2.8 packed): requests in, used entries out, the three guest
+addresses for the transport.
+
+Drivers (the VA-1 driver, the admin queue) program against `DriverRing` and get their
+rings from `ring_factory.make_driver_ring`; only the layout modules know where
+descriptors and indices live. Written independently of the device side.
+"""
+from __future__ import annotations
+
+from typing import Protocol, Sequence, TypeVar
+
+from ..errors import GuestDriverError
+
+T = TypeVar("T")
+
+Segment = tuple[int, int]  # (IOVA, length)
+
+
+class QueueFull(GuestDriverError):
+    """Not enough free descriptors for this request right now (wait and retry)."""
+
+
+class RingError(GuestDriverError, RuntimeError):
+    """The device broke the ring protocol; the queue is unusable until reset."""
+
+
+class DriverRing(Protocol[T]):
+    """The driver side of one virtqueue; `T` is the caller's token per request."""
+
+    index: int
+    num: int
+    features: int          # the ring features it was built for (ring_factory.ring_features)
+    broken: str | None     # why the device broke the ring, or None
+
+    @property
+    def desc_addr(self) -> int: ...
+
+    @property
+    def driver_addr(self) -> int: ...
+
+    @property
+    def device_addr(self) -> int: ...
+
+    @property
+    def num_free(self) -> int:
+        """Descriptors free now."""
+        ...
+
+    def reset(self) -> None:
+        """Empty ring (after a device reset; tokens must have been drained)."""
+        ...
+
+    def release(self) -> None:
+        """Give the ring memory back."""
+        ...
+
+    def descs_needed(self, nsegs: int) -> int:
+        """Descriptors a request of `nsegs` segments takes."""
+        ...
+
+    def add(self, readable: Sequence[Segment], writable: Sequence[Segment], token: T) -> int:
+        """Make one request available (not yet notified); its head id. Raises
+        QueueFull, RingError (broken) or ValueError (a request that can never fit)."""
+        ...
+
+    def kick_prepare(self) -> bool:
+        """Whether the device must be notified of what was added since the last call."""
+        ...
+
+    def has_used(self) -> bool: ...
+
+    def get_used(self) -> list[tuple[T, int]]:
+        """Every used entry the device published, checked; a bad one sets `broken`."""
+        ...
+
+    def enable_interrupts(self) -> bool:
+        """Ask for an interrupt at the next used entry; True if entries are pending."""
+        ...
+
+    def drain(self) -> list[T]:
+        """Take back every request in flight (device reset)."""
+        ...
