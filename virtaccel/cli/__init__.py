@@ -54,7 +54,8 @@ def _run_verb(argv: Sequence[str] | None) -> int:
     except Exception as e:  # the guard: one line, not a traceback
         if os.environ.get(DEBUG_ENV):
             raise
-        _say(f"{verb}: internal error: {type(e).__name__}: {e} "
+        first = str(e).splitlines()[0] if str(e) else ""
+        _say(f"{verb}: internal error: {type(e).__name__}: {first} "
              f"(set {DEBUG_ENV}=1 for the traceback)")
         return 1
     return code
