@@ -16,7 +16,7 @@ def compile_model(path: str, target: "Target | None" = None) -> "CompileResult":
     (a missing file, not protobuf, not a graph the compiler takes, no onnx extra)."""
     from userspace_runtime.compiler import GraphError
     try:
-        from google.protobuf.message import DecodeError
+        from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 
         from userspace_runtime.onnx_import import OnnxImportError, compile_onnx_file
     except ImportError as e:
