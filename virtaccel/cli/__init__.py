@@ -47,10 +47,8 @@ def _run_verb(argv: Sequence[str] | None) -> int:
     except CliError as e:
         _say(f"{verb}: {e}")
         return 2
-    except KeyboardInterrupt:
-        raise
     except BrokenPipeError:
-        raise
+        raise  # main's: the reader went away, not a fault of the verb
     except Exception as e:  # the guard: one line, not a traceback
         if os.environ.get(DEBUG_ENV):
             raise
