@@ -42,7 +42,8 @@ def _modules(package: str) -> Iterator[ModuleType]:
         raise ImportError(f"cannot walk {name}")
 
     for info in pkgutil.walk_packages(pkg.__path__, f"{package}.", onerror=fail):
-        yield importlib.import_module(info.name)
+        if info.name.rsplit(".", 1)[-1] != "__main__":   # runs a program when imported
+            yield importlib.import_module(info.name)
 
 
 def _classes_in(owner: object, module: str) -> Iterator[type]:

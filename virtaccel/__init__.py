@@ -10,19 +10,14 @@ loaded on first use, so `virtaccel --help` does not import the whole stack.
 from __future__ import annotations
 
 import importlib
-from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    __version__: str
     from .errors import (ImageError, LaunchError, ScenarioError, SessionStateError,
                          VirtaccelError)
     from .models import RunReport, run_model
     from .session import ATTACHMENTS, Session, SessionState, VmSpec
-
-try:
-    __version__ = metadata.version("virtaccel")
-except metadata.PackageNotFoundError:  # a source tree that was never installed
-    __version__ = "0+unknown"
 
 _EXPORTS = {
     "ATTACHMENTS": "session", "Session": "session", "SessionState": "session",
@@ -34,7 +29,20 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS) + ["__version__"]
 
 
+def _version() -> str:
+    """The installed distribution's version; importlib.metadata costs ~25 ms of import,
+    so it is read on first use of `__version__`, not at `import virtaccel`."""
+    from importlib import metadata
+    try:
+        return metadata.version("virtaccel")
+    except metadata.PackageNotFoundError:  # a source tree that was never installed
+        return "0+unknown"
+
+
 def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        value = globals()["__version__"] = _version()
+        return value
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'virtaccel' has no attribute {name!r}")

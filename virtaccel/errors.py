@@ -5,7 +5,8 @@ everything it raises on purpose with `except VirtaccelError`.
     ├── ImageError         a VM image that cannot be used (names the file and field)
     ├── SessionStateError  a Session method called in the wrong lifecycle state
     ├── LaunchError        a Session could not build its machine (names what failed)
-    └── ScenarioError      a tenant scenario with impossible settings
+    ├── ScenarioError      a tenant scenario with impossible settings
+    └── CliError           a command-line mistake (virtaccel.cli._args): exit 2
 
 Errors of the layers below keep their own roots (VmmError, DeviceModelError, ...);
 `LaunchError` chains the original as `__cause__`; a guest program's own exception

@@ -194,12 +194,15 @@ def parse_image(doc: dict[str, Any], path: str = "<image>") -> VmImage:
             raise c.fail("tenant", "[[tenant]] tables are only for mode = \"sriov-vf\"")
     cfg = c.table(acc, "config", "accelerator.")
     from device_model import Va1Config
+    from device_model.va1.config import ConfigError
     known = tuple(f.name for f in dataclasses.fields(Va1Config))
     c.keys(cfg, "accelerator.config.", known)
     for k, v in cfg.items():
         c.typed(v, f"accelerator.config.{k}", int, "an integer")
     try:
         Va1Config(**cfg)
+    except ConfigError as e:
+        raise c.fail(f"accelerator.config.{e.field}", e.problem) from None
     except (TypeError, ValueError) as e:
         raise c.fail("accelerator.config", str(e)) from None
 
@@ -250,10 +253,27 @@ def _resources(c: _Checker, table: dict[str, Any], where: str) -> dict[str, int]
                 v = parse_size(v)
             except ValueError as e:
                 raise c.fail(where + k, str(e)) from None
-        out[k] = c.int_range(v, where + k, 0, (1 << 64) - 1)
-    if out.get("weight", 1) < 1:
-        raise c.fail(where + "weight", "must be >= 1")
+        lo, hi = _vf_limits()[k]
+        out[k] = c.int_range(v, where + k, lo, hi)
+    mem = out.get("device_memory")
+    if mem is not None and mem % _PARTITION_ALIGN:
+        raise c.fail(where + "device_memory", f"{mem} bytes: must be a multiple of 1 MiB")
     return out
+
+
+_PARTITION_ALIGN = 1 << 20
+
+
+def _vf_limits() -> dict[str, tuple[int, int]]:
+    """The range of every VF resource the PF accepts (datasheet §11): the field's width
+    in va1_vf_resources, narrowed by its rule."""
+    from hwspec import va1
+    width = {"Q": (1 << 64) - 1, "I": (1 << 32) - 1}
+    limits = {name: (1, width[code]) for name, code in va1.VF_RESOURCES.fields}
+    limits["num_submit_queues"] = (1, va1.MAX_SUBMIT_QUEUES_PER_FUNCTION)
+    limits["priority"] = (0, va1.MAX_PRIORITY)
+    limits["device_memory"] = (_PARTITION_ALIGN, width["Q"])
+    return limits
 
 
 def _tenants(c: _Checker, doc: dict[str, Any], memory: int, resources: dict[str, int],
@@ -364,7 +384,9 @@ def run_image(image: VmImage, seed: int | None = None, keep_trace: bool = False,
     try:
         session.launch()
     except LaunchError as e:
-        raise ImageError(f"{image.path}: accelerator: {e.__cause__}") from None
+        cause = e.__cause__
+        reason = cause.strerror if isinstance(cause, OSError) and cause.strerror else cause
+        raise ImageError(f"{image.path}: accelerator: {reason or e}") from None
     with session:
         tasks = [session.spawn(_bind(prog, session.program_seed(i), args), vm=i, name=name)
                  for i, (prog, name, args) in enumerate(zip(programs, names, arglists))]

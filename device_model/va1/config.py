@@ -6,7 +6,43 @@ from dataclasses import dataclass, fields
 
 from hwspec import isa, va1
 
+from ..errors import DeviceModelError
+
 _MIB = 1 << 20
+_GIB = 1 << 30
+_U32 = (1 << 32) - 1
+_U64 = (1 << 64) - 1
+ALL_DTYPES = sum(1 << d for d in isa.DType)
+
+# What a function can be configured with (spec §5, "Limits"): the register's width, and
+# tighter where a bigger value is no device a host can model (memory is allocated, one
+# engine per compute unit) or one the driver refuses (submit queues, command buffers).
+LIMITS: dict[str, tuple[int, int, str]] = {
+    "num_submit_queues": (1, 64, "the driver sets up at most 64 submit queues"),
+    "num_compute_units": (1, 1024, "one modelled engine each"),
+    "device_memory_size": (0, 16 * _GIB, "allocated in host memory"),
+    "scratchpad_size": (64, _U32, "u32; the compiler tiles for at least 64 bytes"),
+    "max_cmdbuf_size": (8, _U32, "u32; a command is at least 8 bytes"),
+    "isa_version": (0, _U32, "u32"),
+    "dtype_mask": (0, ALL_DTYPES, "bits of the dtypes the ISA has"),
+    "peak_flops": (1, _U64, "u64, non-zero"),
+    "mem_bandwidth": (1, _U64, "u64, non-zero"),
+    "link_bandwidth": (1, _U64, "u64, non-zero"),
+    "cmd_overhead_ns": (0, _U32, "u32"),
+    "max_contexts": (1, 65536, "at least one context"),
+    "max_call_depth": (0, 64, "CALL nesting the command processor recurses through"),
+    "queue_size_max": (1, 32768, "a power of two (virtio split ring)"),
+}
+
+
+class ConfigError(DeviceModelError, ValueError):
+    """A Va1Config field outside its range; names the field, the value and the range."""
+
+    def __init__(self, field: str, value: int, lo: int, hi: int, why: str,
+                 problem: str | None = None) -> None:
+        self.field, self.value, self.lo, self.hi = field, value, lo, hi
+        self.problem = problem or f"{value} is outside {lo} .. {hi} ({why})"
+        super().__init__(f"{field}: {self.problem}")
 
 
 @dataclass(frozen=True)
@@ -18,7 +54,7 @@ class Va1Config:
     scratchpad_size: int = 1 * _MIB
     max_cmdbuf_size: int = 1 * _MIB
     isa_version: int = va1.ISA_VERSION
-    dtype_mask: int = sum(1 << d for d in isa.DType)  # F32, F16, I8, I32
+    dtype_mask: int = ALL_DTYPES  # F32, F16, I8, I32
     peak_flops: int = 50 * 10**12
     mem_bandwidth: int = 10**12
     link_bandwidth: int = 32 * 10**9
@@ -28,18 +64,19 @@ class Va1Config:
     queue_size_max: int = va1.DEFAULT_QUEUE_SIZE_MAX  # not in config space
 
     def __post_init__(self) -> None:
+        """Every field checked here, so that nothing is built from a config the
+        registers cannot hold or the host cannot model."""
         for f in fields(self):
-            if not isinstance(getattr(self, f.name), int):
+            value = getattr(self, f.name)
+            if not isinstance(value, int) or isinstance(value, bool):
                 raise TypeError(f"Va1Config.{f.name} must be an int")
-        if self.num_submit_queues < 1 or self.num_compute_units < 1:
-            raise ValueError("need at least one submit queue and one compute unit")
-        if min(self.peak_flops, self.mem_bandwidth, self.link_bandwidth) <= 0:
-            raise ValueError("performance-model numbers must be positive")
+            lo, hi, why = LIMITS[f.name]
+            if not lo <= value <= hi:
+                raise ConfigError(f.name, value, lo, hi, why)
         q = self.queue_size_max
-        if q < 1 or q & (q - 1) or q > 32768:
-            raise ValueError("queue_size_max must be a power of two <= 32768")
-        if self.device_memory_size < 0 or self.max_contexts < 0:
-            raise ValueError("sizes must not be negative")
+        if q & (q - 1):
+            raise ConfigError("queue_size_max", q, 1, 32768, "",
+                              f"{q} is not a power of two (1 .. 32768)")
 
     def pack(self) -> bytes:
         """The config space image, laid out by hwspec.va1.CONFIG."""

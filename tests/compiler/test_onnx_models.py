@@ -67,7 +67,7 @@ def test_cli_compile_objdump_run(tmp_path: Path, capsys: pytest.CaptureFixture[s
     model = onnx_models.cnn()
     mpath, opath = tmp_path / "cnn.onnx", tmp_path / "cnn.vaelf"
     onnx.save(model, str(mpath))
-    assert cli_main(["compile", str(mpath), "-o", str(opath)]) == 0
+    assert cli_main(["compile", str(mpath), "-o", str(opath), "--json", "-"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["passes"]["fold_batchnorm"] == 1 and report["workspace_peak"] > 0
     readelf_clean(str(opath))

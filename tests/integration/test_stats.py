@@ -93,7 +93,7 @@ def test_demo_stats_match_the_uapi_and_print() -> None:
 
 
 def test_cli_stats_json(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["stats", "--json"]) == 0
+    assert main(["stats", "--json", "-"]) == 0
     doc = json.loads(capsys.readouterr().out)
     (f,) = doc["functions"]
     assert f["function"] == "vm0.va1.0" and f["commands"] == f["uapi"]["commands"]

@@ -1,18 +1,18 @@
-"""The benchmark machinery, with fake timings: rows, JSON, the PNG, the bare ring, and a
+"""The benchmark machinery, with fake timings: rows, JSON, the figure, the bare ring, and a
 smoke run of every case at minimal sizes (structure only: no timing is asserted)."""
 from __future__ import annotations
 
 import json
 import math
 import struct
-import zlib
+import subprocess
+import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from virtaccel.bench import CASES, Sizes, format_table, run_bench, to_json, validate_json
-from virtaccel.bench.png import PNG_SIGNATURE, bar_chart, encode_png, read_png_chunks, write_chart
+from virtaccel.bench.figure import short_label, write_figure
 from virtaccel.bench.ring import BareRing, batch, round_trip
 from virtaccel.bench.rows import (ROW_FIELDS, best, cost_row, median, missing_row, rate_row,
                             speed_row)
@@ -83,42 +83,34 @@ def test_table_lists_every_row_with_its_target() -> None:
     assert any(ln.startswith("d_null") and "<= 10" in ln and "NO" in ln for ln in lines)
 
 
-# --- PNG ---------------------------------------------------------------------------------
+# --- the figure (matplotlib) --------------------------------------------------------------
 
-def test_png_header_chunks_and_crcs_are_valid(tmp_path: Path) -> None:
-    img = bar_chart(["a", "b", "c1"], [0.95, 0.3, None], [0.9, 0.75, 0.85],
-                    [True, False, False], width=200, height=100)
-    data = encode_png(img)
-    assert data[:8] == PNG_SIGNATURE == b"\x89PNG\r\n\x1a\n"
-    chunks = read_png_chunks(data)  # checks every length and CRC
-    assert [k for k, _ in chunks] == [b"IHDR", b"IDAT", b"IEND"]
-    w, h, depth, color, comp, filt, inter = struct.unpack(">IIBBBBB", chunks[0][1])
-    assert (w, h, depth, color, comp, filt, inter) == (200, 100, 8, 2, 0, 0, 0)
-    raw = zlib.decompress(chunks[1][1])
-    assert len(raw) == h * (1 + 3 * w)
-    rows = np.frombuffer(raw, np.uint8).reshape(h, 1 + 3 * w)
-    assert (rows[:, 0] == 0).all()
-    assert np.array_equal(rows[:, 1:].reshape(h, w, 3), img)
-    corrupt = bytearray(data)
-    corrupt[40] ^= 0xFF
-    with pytest.raises(ValueError, match="CRC|truncated"):
-        read_png_chunks(bytes(corrupt))
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def read_png_size(data: bytes) -> tuple[int, int]:
+    """Width and height from a PNG's IHDR (after checking the signature)."""
+    assert data[:8] == PNG_SIGNATURE and data[12:16] == b"IHDR"
+    w, h = struct.unpack(">II", data[16:24])
+    return w, h
+
+
+def test_figure_is_a_png_with_one_bar_per_row(tmp_path: Path) -> None:
+    rows = [speed_row("a_gemm", 0.01, 0.0095, 0.9), speed_row("b_mlp", 0.1, 0.03, 0.75),
+            missing_row("c_dma_h2d", 0.85, ">=", "B/s", "not measured")]
     path = tmp_path / "x.png"
-    write_chart(str(path), ["a"], [1.0], [0.9], [True])
-    read_png_chunks(path.read_bytes())
+    write_figure(str(path), rows)
+    w, h = read_png_size(path.read_bytes())
+    assert w >= 300 and h >= 200
+    assert [short_label(r.name) for r in rows] == ["a", "b", "c1"]
+    assert short_label("c_dma_d2h") == "c2"
 
 
-def test_png_bars_are_coloured_by_met() -> None:
-    img = bar_chart(["a", "b"], [1.0, 1.0], [0.5, 2.0], [True, False], width=200, height=100)
-    greens = np.all(img == (60, 170, 60), axis=-1)
-    oranges = np.all(img == (235, 140, 30), axis=-1)
-    assert greens[:, :100].any() and not greens[:, 110:].any()
-    assert oranges[:, 110:].any() and not oranges[:, :100].any()
-
-
-def test_encode_png_rejects_non_rgb() -> None:
-    with pytest.raises(ValueError):
-        encode_png(np.zeros((4, 4), np.uint8))
+def test_matplotlib_is_imported_only_to_draw() -> None:
+    code = ("import sys; from virtaccel.bench import run_bench, format_table; "
+            "from virtaccel.cli import main; main(['--help']); "
+            "sys.exit('matplotlib' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
 
 
 # --- the bare ring ----------------------------------------------------------------------
@@ -148,16 +140,16 @@ def test_bare_ring_batch_moves_every_descriptor_once() -> None:
 def test_smoke_run_of_every_case_gives_well_formed_rows(tmp_path: Path) -> None:
     rows = run_bench(Sizes.smoke(), profile=False)
     names = [r.name for r in rows]
-    assert [n.split("_")[0] for n in names] == ["a", "b", "c", "c", "d", "e", "f"]
+    assert [n.split("_")[0] for n in names] == ["a", "b", "c", "c", "d", "e", "f", "g"]
     for r in rows:
         assert r.value is not None and r.value > 0 and r.baseline is not None and r.baseline > 0
         assert r.ratio is not None and r.op in (">=", "<=") and r.note
-    assert [r.target for r in rows] == [0.9, 0.75, 0.85, 0.85, 10.0, 0.5, 1.1]
+    assert [r.target for r in rows] == [0.9, 0.75, 0.85, 0.85, 10.0, 0.5, 1.1, 3.0]
     path = tmp_path / "bench.json"
     png = write_outputs(rows, str(path))
     assert png == str(tmp_path / "bench.png") == png_path_for(str(path))
     validate_json(json.loads(path.read_text()))
-    read_png_chunks(Path(png).read_bytes())
+    read_png_size(Path(png).read_bytes())
 
 
 def test_profiled_case_attaches_top_functions() -> None:
@@ -179,9 +171,10 @@ def test_cli_bench_smoke_writes_json_and_png(tmp_path: Path,
     doc = json.loads(out.read_text())
     validate_json(doc)
     assert len(doc["rows"]) == 2 and doc["meta"]["smoke"] is True
-    read_png_chunks((tmp_path / "b.png").read_bytes())
+    read_png_size((tmp_path / "b.png").read_bytes())
     assert main(["bench", "--only", "z"]) == 2
-    assert set(CASES) == set("abcdef")
+    assert "virtaccel bench: --only: unknown case(s) z" in capsys.readouterr().err
+    assert set(CASES) == set("abcdefg")
 
 
 def test_phase_recorder_pairs_consecutive_events_within_iterations() -> None:

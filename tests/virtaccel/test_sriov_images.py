@@ -50,7 +50,7 @@ def test_tenant_fields_merge_over_the_defaults() -> None:
     (lambda d: d["tenant"].append({"name": "a"}), "tenant[2].name", "used by another"),
     (lambda d: d["tenant"][0].update(colour=1), "tenant[0].colour", "unknown key"),
     (lambda d: d["tenant"][0].update(name="a b"), "tenant[0].name", "letters"),
-    (lambda d: d["tenant"][0].update(resources={"weight": 0}), "tenant[0].resources.weight", ">= 1"),
+    (lambda d: d["tenant"][0].update(resources={"weight": 0}), "tenant[0].resources.weight", "0 is outside 1 .."),
     (lambda d: d["tenant"][0].update(resources={"speed": 1}), "tenant[0].resources.speed", "unknown key"),
     (lambda d: d["tenant"][0].update(memory="1M"), "tenant[0].memory", "between"),
     (lambda d: d["tenant"][0].update(entry="nope"), "tenant[0].entry", "module:function"),

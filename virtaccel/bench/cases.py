@@ -6,8 +6,12 @@ Sizes are parameters so that tests can run a tiny smoke of the real code paths; 
 """
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -50,6 +54,7 @@ class Sizes:
     vm_reps: int = 7
     vm_ram: int = 16 * _MIB
     vm_device_memory: int = 4 * _MIB
+    startup_reps: int = 9
 
     @classmethod
     def full(cls) -> "Sizes":
@@ -61,7 +66,7 @@ class Sizes:
         return cls(gemm_n=32, gemm_reps=2, mlp_batch=4, mlp_sizes=(16, 32, 8), mlp_reps=2,
                    dma_bytes=64 << 10, dma_reps=2, null_reps=3, ring_loops=2,
                    ring_loop_len=10, nop_per_buffer=16, nop_buffers=2, nop_reps=2,
-                   ring_batch=16, vms_small=1, vms_large=2, vm_reps=1)
+                   ring_batch=16, vms_small=1, vms_large=2, vm_reps=1, startup_reps=2)
 
 
 def run_in_vm(program: Callable[[GuestOS], Any], *, attach: str = "mmio",
@@ -455,6 +460,44 @@ def vm_scaling(sz: Sizes, profiles: ProfileSet | None = None) -> Row:
                     f"best of {sz.vm_reps}", sz.vm_reps)
 
 
+def cli_command() -> list[str]:
+    """How a user starts `virtaccel`: the console script beside this Python when there
+    is one, else the same entry point through `python -c`."""
+    script = Path(sys.executable).parent / "virtaccel"
+    if script.is_file() and os.access(script, os.X_OK):
+        return [str(script)]
+    return [sys.executable, "-c", "import sys; from virtaccel.cli import main; sys.exit(main())"]
+
+
+def _spawn_s(argv: list[str]) -> float:
+    """Wall seconds of one run of `argv` to its exit (output discarded)."""
+    t0 = _pc()
+    subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+    return _pc() - t0
+
+
+def cli_startup(sz: Sizes, profiles: ProfileSet | None = None) -> Row:
+    """(g) `virtaccel --help` as a subprocess against `python -c pass`: the parser must
+    not import the stack, numpy or the benchmarks (the verbs are imported lazily)."""
+    help_cmd = cli_command() + ["--help"]
+    bare_cmd = [sys.executable, "-c", "pass"]
+    if profiles is not None:
+        # The cost is in the child's imports, which no in-process profile sees; see
+        # `python -X importtime -m virtaccel.cli --help` instead.
+        return missing_row("g_cli_help_startup", 3.0, "<=", "s", "not profiled")
+    _spawn_s(help_cmd)  # warm the page cache and the .pyc files
+    _spawn_s(bare_cmd)
+    ours: list[float] = []
+    base: list[float] = []
+    for _ in range(sz.startup_reps):
+        ours.append(_spawn_s(help_cmd))
+        base.append(_spawn_s(bare_cmd))
+    return cost_row("g_cli_help_startup", median(ours), median(base), 3.0, "s",
+                    "`virtaccel --help` startup vs `python -c pass`, each spawned as a "
+                    f"subprocess, median of {sz.startup_reps}", sz.startup_reps)
+
+
 CASES: dict[str, Callable[[Sizes, ProfileSet | None], Row | list[Row]]] = {
     "a": gemm, "b": mlp, "c": dma, "d": null_round_trip, "e": nop_rate, "f": vm_scaling,
+    "g": cli_startup,
 }

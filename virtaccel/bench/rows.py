@@ -109,19 +109,32 @@ def _fmt(x: float | None, unit: str = "") -> str:
     return f"{x:.4g} {unit}".strip()
 
 
+TABLE_COLUMNS = ("row", "value", "baseline", "ratio", "target", "met", "note")
+
+
+def table_rows(rows: Iterable[Row]) -> list[tuple[str, ...]]:
+    """The cells of the bench table, one tuple per row (TABLE_COLUMNS)."""
+    return [(r.name, _fmt(r.value, r.unit), _fmt(r.baseline, r.unit),
+             "-" if r.ratio is None else f"{r.ratio:.3f}", f"{r.op} {r.target:g}",
+             "yes" if r.met else "NO", r.note) for r in rows]
+
+
 def format_table(rows: Iterable[Row]) -> str:
-    """A fixed-width text table of the rows."""
-    head = ("row", "value", "baseline", "ratio", "target", "met", "note")
-    lines = [(r.name, _fmt(r.value, r.unit), _fmt(r.baseline, r.unit),
-              "-" if r.ratio is None else f"{r.ratio:.3f}", f"{r.op} {r.target:g}",
-              "yes" if r.met else "NO", r.note) for r in rows]
-    widths = [max(len(h), *(len(ln[i]) for ln in lines)) if lines else len(h)
-              for i, h in enumerate(head[:-1])]
-    out = ["  ".join(h.ljust(w) for h, w in zip(head[:-1], widths)) + "  " + head[-1]]
-    out.append("  ".join("-" * w for w in widths) + "  " + "-" * 4)
-    for ln in lines:
-        out.append("  ".join(c.ljust(w) for c, w in zip(ln[:-1], widths)) + "  " + ln[-1])
-    return "\n".join(out)
+    """The bench table as plain text (rich, no terminal codes)."""
+    import io
+
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+    t = Table(box=box.SIMPLE, show_edge=False, pad_edge=False)
+    for c in TABLE_COLUMNS:
+        t.add_column(c, justify="right" if c in ("value", "baseline", "ratio") else "left",
+                     no_wrap=c != "note")
+    for cells in table_rows(rows):
+        t.add_row(*cells)
+    buf = io.StringIO()
+    Console(file=buf, width=240, markup=False, highlight=False, safe_box=True).print(t)
+    return buf.getvalue().rstrip("\n")
 
 
 def to_json(rows: Iterable[Row], meta: dict[str, Any] | None = None) -> str:

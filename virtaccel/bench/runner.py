@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import os
 import platform
+import sys
 import time
 from typing import Callable, Iterable
 
 import numpy as np
 
 from .cases import CASES, Sizes
-from .png import write_chart
+from .figure import write_figure
 from .profile import ProfileSet
 from .rows import Row, to_json
 
@@ -52,18 +53,20 @@ def png_path_for(json_path: str) -> str:
 
 
 def write_outputs(rows: list[Row], json_path: str, meta: dict[str, object] | None = None
-                  ) -> str:
-    """Write the rows as JSON and the ratio chart as PNG beside it; returns the PNG path."""
+                  ) -> str | None:
+    """Write the rows as JSON (`-`: stdout) and the ratio figure as PNG beside it; returns
+    the PNG path (None for stdout)."""
     info: dict[str, object] = {
         "python": platform.python_version(), "numpy": np.__version__,
         "machine": platform.machine(), "cpus": os.cpu_count(),
         "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     info.update(meta or {})
+    if json_path == "-":
+        sys.stdout.write(to_json(rows, info) + "\n")
+        return None
     with open(json_path, "w") as f:
         f.write(to_json(rows, info) + "\n")
     png = png_path_for(json_path)
-    write_chart(png, [r.name.split("_")[0] + ("1" if "_h2d" in r.name else "2" if "_d2h" in r.name else "")
-                      for r in rows],
-                [r.ratio for r in rows], [r.target for r in rows], [r.met for r in rows])
+    write_figure(png, rows)
     return png

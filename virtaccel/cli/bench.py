@@ -2,51 +2,53 @@
 from __future__ import annotations
 
 import argparse
-import sys
+from typing import Any
 
-from ..bench import CASES, Sizes, format_table, run_bench, write_outputs
-from .progress import Progress
-
-
-def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
-    p = sub.add_parser("bench", help="benchmarks: ratios against numpy / copyto / a bare ring")
-    p.add_argument("--json", metavar="FILE", help="write the rows as JSON (and FILE's .png chart)")
-    p.add_argument("--only", metavar="ROWS", default="",
-                   help=f"comma-separated cases to run, of {','.join(CASES)} (default all)")
-    p.add_argument("--smoke", action="store_true",
-                   help="tiny sizes: checks the machinery, the numbers mean nothing")
-    p.add_argument("--no-profile", action="store_true",
-                   help="do not profile rows that miss their target")
-    p.set_defaults(func=cli)
+from ._args import CliError, check_output
 
 
 def cli(args: argparse.Namespace) -> int:
+    from ..bench import CASES, Sizes, run_bench, write_outputs
+    from ..bench.rows import TABLE_COLUMNS, table_rows
+    from ._out import print_table, wants_json_on_stdout
+    from .progress import Progress
     only = [k.strip() for k in args.only.split(",") if k.strip()] or None
     unknown = sorted(set(only or ()) - set(CASES))
     if unknown:
-        print(f"virtaccel bench: unknown case(s) {', '.join(unknown)}; "
-              f"choose from {', '.join(CASES)}", file=sys.stderr)
-        return 2
+        raise CliError(f"--only: unknown case(s) {', '.join(unknown)}; "
+                       f"choose from {', '.join(CASES)}")
+    if args.json is not None:
+        check_output(args.json, "--json", allow_stdout=True)
     sizes = Sizes.smoke() if args.smoke else Sizes.full()
     keys = only or list(CASES)
     with Progress(len(keys), "bench") as bar:
         rows = run_bench(sizes, keys, profile=not args.no_profile,
                          on_start=lambda k: bar.start(f"case {k}"),
                          on_step=lambda k: bar.advance(note=f"case {k} done"))
-    print(format_table(rows))
-    for r in rows:
-        if r.profile and r.profile.get("tottime"):
-            layers = ", ".join(f"{k} {v:g}%" for k, v in r.profile.get("by_layer", {}).items()
-                               if v >= 1)
-            print(f"\n{r.name} misses its target; own time by layer: {layers}")
-            print("  top functions by own time (cProfile):")
-            for e in r.profile["tottime"][:8]:
-                print(f"  {e['tottime_pct']:5.1f}%  {e['ncalls']:>8}  {e['function']}")
-            if r.profile.get("phases"):
-                print("  wall time between trace events, per iteration (separate run, no cProfile):")
-                for p in r.profile["phases"][:6]:
-                    print(f"  {p['us_per_iter']:>10.1f} us  {p['pct']:5.1f}%  {p['segment']}")
-    if args.json:
-        png = write_outputs(rows, args.json, {"smoke": bool(args.smoke)})
-        print(f"\nwrote {args.json} and {png}")
+    quiet = wants_json_on_stdout(args.json)
+    if not quiet:
+        print_table(TABLE_COLUMNS, table_rows(rows), right=("value", "baseline", "ratio"))
+        for r in rows:
+            if r.profile and r.profile.get("tottime"):
+                _print_profile(r.name, r.profile)
+    if args.json is not None:
+        try:
+            png = write_outputs(rows, args.json, {"smoke": bool(args.smoke)})
+        except OSError as e:
+            raise CliError(f"--json {args.json}: {e.strerror or e}") from None
+        if not quiet:
+            print(f"\nwrote {args.json} and {png}")
     return 0
+
+
+def _print_profile(name: str, p: dict[str, Any]) -> None:
+    """Where a row that misses its target spends its time."""
+    layers = ", ".join(f"{k} {v:g}%" for k, v in p.get("by_layer", {}).items() if v >= 1)
+    print(f"\n{name} misses its target; own time by layer: {layers}")
+    print("  top functions by own time (cProfile):")
+    for e in p["tottime"][:8]:
+        print(f"  {e['tottime_pct']:5.1f}%  {e['ncalls']:>8}  {e['function']}")
+    if p.get("phases"):
+        print("  wall time between trace events, per iteration (separate run, no cProfile):")
+        for ph in p["phases"][:6]:
+            print(f"  {ph['us_per_iter']:>10.1f} us  {ph['pct']:5.1f}%  {ph['segment']}")

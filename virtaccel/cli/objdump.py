@@ -6,7 +6,7 @@ import argparse
 import io
 import json
 import sys
-from typing import Any, TextIO
+from typing import TextIO
 
 
 def dump(data: bytes, out: TextIO, name: str = "<bytes>") -> None:
@@ -57,18 +57,15 @@ def dump(data: bytes, out: TextIO, name: str = "<bytes>") -> None:
 
 def cli(args: argparse.Namespace) -> int:
     from userspace_runtime.codeobject import CodeObjectError
+
+    from ._args import CliError
     try:
         with open(args.file, "rb") as f:
             data = f.read()
+    except OSError as e:
+        raise CliError(f"{args.file}: {e.strerror or e}") from None
+    try:
         dump(data, sys.stdout, args.file)
-    except (OSError, CodeObjectError) as e:
-        print(f"virtaccel objdump: {args.file}: {e}", file=sys.stderr)
-        return 2
+    except CodeObjectError as e:
+        raise CliError(f"{args.file}: {e}") from None
     return 0
-
-
-def add_parser(sub: Any) -> None:
-    p = sub.add_parser("objdump", help="show a VA-1 code object: sections, symbols, "
-                                       "relocations, metadata, disassembly")
-    p.add_argument("file", help="a .vaelf code object")
-    p.set_defaults(func=cli)

@@ -1,25 +1,29 @@
-"""A progress bar for long CLI work: drawn on a terminal, silent when piped.
+"""A progress bar for long CLI work (rich.progress): drawn on a terminal, silent when piped.
 
     with Progress(total=12, label="bench") as bar:
         for step in steps:
+            bar.start(step.name)
             run(step)
             bar.advance(note=step.name)
 
-It writes to stderr (so stdout stays clean for tables and JSON), redraws in place with
-a carriage return, and draws nothing at all unless the stream is a TTY (or `enabled`
-forces it).
+It draws on stderr (stdout stays clean for tables and JSON), and only when that stream
+is a terminal (or `enabled` forces it); rich is imported only then. The bar is
+transient: it is gone when the work ends.
 """
 from __future__ import annotations
 
 import sys
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
+
+if TYPE_CHECKING:
+    from rich.progress import Progress as RichProgress, TaskID
 
 
 class Progress:
-    """A one-line `[#####.....] 5/10 label: note` bar."""
+    """`label: note [bar] done/total elapsed`, or nothing at all."""
 
     def __init__(self, total: int, label: str = "", stream: TextIO | None = None,
-                 enabled: bool | None = None, width: int = 30) -> None:
+                 enabled: bool | None = None) -> None:
         self.total = max(int(total), 0)
         self.label = label
         self.stream = stream if stream is not None else sys.stderr
@@ -27,32 +31,32 @@ class Progress:
             isatty = getattr(self.stream, "isatty", None)
             enabled = bool(isatty()) if callable(isatty) else False
         self.enabled = enabled
-        self.width = width
         self.done = 0
-        self._last_len = 0
+        self._bar: "RichProgress | None" = None
+        self._task: "TaskID | None" = None
 
-    def render(self, note: str = "") -> str:
-        """The bar's text for the current count (no control characters)."""
-        frac = 1.0 if self.total == 0 else min(self.done / self.total, 1.0)
-        fill = int(round(frac * self.width))
-        text = f"[{'#' * fill}{'.' * (self.width - fill)}] {self.done}/{self.total}"
-        if self.label:
-            text += f" {self.label}"
-        if note:
-            text += f": {note}"
-        return text
+    def _description(self, note: str) -> str:
+        return f"{self.label}: {note}" if self.label and note else self.label or note
 
     def _draw(self, note: str) -> None:
         if not self.enabled:
             return
-        text = self.render(note)
-        pad = max(self._last_len - len(text), 0)
-        self.stream.write("\r" + text + " " * pad)
-        self.stream.flush()
-        self._last_len = len(text)
+        if self._bar is None:
+            from rich.console import Console
+            from rich.progress import (BarColumn, MofNCompleteColumn, Progress as RichProgress,
+                                       TextColumn, TimeElapsedColumn)
+            console = Console(file=self.stream, force_terminal=True, markup=False,
+                              highlight=False)
+            self._bar = RichProgress(TextColumn("{task.description}"), BarColumn(),
+                                     MofNCompleteColumn(), TimeElapsedColumn(),
+                                     console=console, transient=True)
+            self._bar.start()
+            self._task = self._bar.add_task(self._description(note), total=self.total)
+        assert self._task is not None
+        self._bar.update(self._task, completed=self.done, description=self._description(note))
 
     def start(self, note: str = "") -> None:
-        """Draw the bar at its current count (e.g. naming the step about to run)."""
+        """Show the bar at its current count, naming the step about to run."""
         self._draw(note)
 
     def advance(self, n: int = 1, note: str = "") -> None:
@@ -61,11 +65,10 @@ class Progress:
         self._draw(note)
 
     def close(self) -> None:
-        """Clear the bar's line (on a terminal)."""
-        if self.enabled and self._last_len:
-            self.stream.write("\r" + " " * self._last_len + "\r")
-            self.stream.flush()
-        self._last_len = 0
+        """Take the bar off the terminal."""
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
 
     def __enter__(self) -> "Progress":
         return self

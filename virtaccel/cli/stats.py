@@ -15,16 +15,17 @@ uAPI carries per-context byte counts (see docs/benchmarks.md, "Stats").
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vmm.machine import Machine
 from vmm.trace import TraceEvent
 from vmm.vm import Vm
 
 from ..session import Session
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 _SUBMIT_KINDS = ("submit_start", "submit_end", "cmd", "cmd_fault", "cmd_invalid",
                  "context_fault", "irq")
@@ -179,48 +180,64 @@ def run_stats(seed: int = 0) -> tuple[StatsCollector, dict[str, Any]]:
     return stats, dict(result)
 
 
-def format_stats(stats: StatsCollector) -> str:
-    """Per-function and per-context tables."""
-    out = ["per function (host view; uAPI GET_STATS in brackets where read):"]
-    out.append(f"  {'function':<12} {'subs':>6} {'cmds':>6} {'device us':>11} {'faults':>6} "
-               f"{'ctx faults':>10} {'irqs':>5} {'dma bytes':>11}  queue depth hwm")
+def stats_tables(stats: StatsCollector) -> list["Table"]:
+    """The per-function and per-context tables (uAPI GET_STATS in brackets where read)."""
+    from ._out import table
+
+    def both(host: int, u: dict[str, int], key: str) -> str:
+        return f"{host}" if key not in u else f"{host} [{u[key]}]"
+
+    frows = []
     for f in stats.functions.values():
         u = f.uapi or {}
-
-        def both(host: int, key: str) -> str:
-            return f"{host}" if key not in u else f"{host} [{u[key]}]"
-        hwm = " ".join(f"q{q}:{d}" for q, d in sorted(f.queue_depth_hwm.items())) or "-"
         dev_us = f"{f.device_time_ns / 1000:.3f}"
         if "device_time_ns" in u:
             dev_us += f" [{u['device_time_ns'] / 1000:.3f}]"
-        out.append(f"  {f.function:<12} {both(f.submissions, 'submissions'):>6} "
-                   f"{both(f.commands, 'commands'):>6} {dev_us:>11} {f.faults:>6} "
-                   f"{both(f.context_faults, 'faults'):>10} {both(f.interrupts, 'interrupts'):>5} "
-                   f"{u.get('dma_bytes', '-')!s:>11}  {hwm}")
-    out.append("per context (host view):")
-    out.append(f"  {'function':<12} {'ctx':>4} {'subs':>6} {'cmds':>6} {'device us':>11} "
-               f"{'faults':>6} {'queue hwm':>9} {'bytes':>6}")
-    for c in stats.contexts.values():
-        out.append(f"  {c.function:<12} {c.context:>4} {c.submissions:>6} {c.commands:>6} "
-                   f"{c.device_time_ns / 1000:>11.3f} {c.faults:>6} {c.queue_depth_hwm:>9} "
-                   f"{'n/a' if c.bytes_moved is None else c.bytes_moved:>6}")
-    return "\n".join(out)
+        hwm = " ".join(f"q{q}:{d}" for q, d in sorted(f.queue_depth_hwm.items())) or "-"
+        frows.append((f.function, both(f.submissions, u, "submissions"),
+                      both(f.commands, u, "commands"), dev_us, f.faults,
+                      both(f.context_faults, u, "faults"), both(f.interrupts, u, "interrupts"),
+                      u.get("dma_bytes", "-"), hwm))
+    crows = [(c.function, c.context, c.submissions, c.commands,
+              f"{c.device_time_ns / 1000:.3f}", c.faults, c.queue_depth_hwm,
+              "n/a" if c.bytes_moved is None else c.bytes_moved)
+             for c in stats.contexts.values()]
+    return [
+        table(("function", "subs", "cmds", "device us", "faults", "ctx faults", "irqs",
+               "dma bytes", "queue depth hwm"), frows,
+              title="per function (host view; uAPI GET_STATS in brackets where read)",
+              right=("subs", "cmds", "device us", "faults", "ctx faults", "irqs", "dma bytes")),
+        table(("function", "ctx", "subs", "cmds", "device us", "faults", "queue hwm", "bytes"),
+              crows, title="per context (host view)",
+              right=("ctx", "subs", "cmds", "device us", "faults", "queue hwm", "bytes")),
+    ]
 
 
-def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
-    p = sub.add_parser("stats", help="run the demo workload and print per-function and "
-                                     "per-context counters")
-    p.add_argument("--seed", type=int, default=0, help="machine and data seed (default 0)")
-    p.add_argument("--json", action="store_true", help="print the counters as JSON")
-    p.set_defaults(func=cli)
+def format_stats(stats: StatsCollector) -> str:
+    """The tables as plain text (no terminal codes)."""
+    import io
+
+    from ._out import console
+    buf = io.StringIO()
+    con = console(buf)
+    for t in stats_tables(stats):
+        con.print(t)
+    return buf.getvalue().rstrip("\n")
 
 
 def cli(args: argparse.Namespace) -> int:
+    from ._args import check_output
+    from ._out import console, wants_json_on_stdout, write_json
+    if args.json is not None:
+        check_output(args.json, "--json", allow_stdout=True)
     stats, result = run_stats(args.seed)
-    if args.json:
-        json.dump(stats.to_json(), sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    else:
+    if args.json is not None:
+        write_json(args.json, stats.to_json())
+    if not wants_json_on_stdout(args.json):
         print(f"virtaccel stats: demo MLP, seed {args.seed}, one VM, one VA-1")
-        print(format_stats(stats))
+        con = console()
+        for t in stats_tables(stats):
+            con.print(t)
+        if args.json:
+            print(f"wrote {args.json}")
     return 0 if result.get("ok") else 1

@@ -1,23 +1,20 @@
-"""`virtaccel vm run IMAGE [--seed N]`: boot a VM image and run its guest program."""
+"""`virtaccel vm run IMAGE [--seed N] [--trace FILE] [--json FILE]`: boot a VM image and
+run its guest program.
+
+The MMIO table counts every guest access to device registers by whether it cost a VM
+exit: on passthrough the doorbells are direct (the BAR is mapped into the guest) and the
+MSI-X table writes exit (the VMM traps them). `--trace` writes those accesses, one event
+each, into the Chrome trace (the VM's `cpu` track) with the rest of the run.
+"""
 from __future__ import annotations
 
 import argparse
-import sys
-from typing import Any
+from collections import Counter
+from typing import Any, Iterable
 
-from ..images import ImageError, load_image, run_image
-from ._args import seed as _seed
+from ._args import CliError, check_output
 
-
-def add_parser(sub: Any) -> None:
-    p = sub.add_parser("vm", help="VM images: boot one and run its guest program")
-    vsub = p.add_subparsers(dest="vm_command", required=True)
-    r = vsub.add_parser("run", help="boot IMAGE (vm_images/*.toml), run its program (sriov-vf: "
-                                    "every tenant VM's), print the result and the trace digest; "
-                                    "exit 1 unless the result is ok")
-    r.add_argument("image", metavar="IMAGE", help="a VM image file (TOML)")
-    r.add_argument("--seed", type=_seed, default=None, help="machine and data seed (default: the image's)")
-    r.set_defaults(func=cli_run)
+MMIO_KINDS = ("mmio_read", "mmio_write")
 
 
 def _fmt(value: Any) -> str:
@@ -26,44 +23,111 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-def _print_tenants(tenants: dict[str, Any]) -> None:
-    """One line per tenant VM of an sriov-vf image."""
-    print(f"  {'tenant':<12} {'ok':<4} {'correct':<8} {'done':>5} {'p50 us':>8} {'p99 us':>8}  error")
+def _percentile(values: list[int], pct: int) -> int:
+    lat = sorted(values or [0])
+    return lat[max(0, -(-len(lat) * pct // 100) - 1)]
+
+
+def _tenant_rows(tenants: dict[str, Any]) -> list[tuple[object, ...]]:
+    """One row per tenant VM of an sriov-vf image."""
+    rows: list[tuple[object, ...]] = []
     for name, r in tenants.items():
         if not isinstance(r, dict):
-            print(f"  {name:<12} result {r!r}")
+            rows.append((name, "NO", "-", "-", "-", "-", f"result {r!r}"))
             continue
-        lat = sorted(r.get("latencies_ns") or [0])
-        p50 = lat[max(0, -(-len(lat) * 50 // 100) - 1)]
-        p99 = lat[max(0, -(-len(lat) * 99 // 100) - 1)]
+        lat = list(r.get("latencies_ns") or [])
         correct = r.get("correct")
-        print(f"  {name:<12} {'yes' if r.get('ok') else 'NO':<4} "
-              f"{'-' if correct is None else ('yes' if correct else 'NO'):<8} "
-              f"{r.get('completions', 0):>5} {p50 / 1000:>8.2f} {p99 / 1000:>8.2f}  "
-              f"{r.get('error') or '; '.join(r.get('errors') or [])}")
+        rows.append((name, "yes" if r.get("ok") else "NO",
+                     "-" if correct is None else ("yes" if correct else "NO"),
+                     r.get("completions", 0), f"{_percentile(lat, 50) / 1000:.2f}",
+                     f"{_percentile(lat, 99) / 1000:.2f}",
+                     r.get("error") or "; ".join(r.get("errors") or [])))
+    return rows
+
+
+def mmio_counts(events: Iterable[Any]) -> dict[str, dict[str, int]]:
+    """Guest MMIO accesses per VM: reads and writes, with and without a VM exit, and
+    the MSI-X table writes the VMM trapped."""
+    out: dict[str, Counter[str]] = {}
+    for ev in events:
+        if ev.kind in MMIO_KINDS:
+            vm = ev.source.rsplit(".", 1)[0]
+            how = "exit" if ev.get("exit", True) else "direct"
+            out.setdefault(vm, Counter())[f"{ev.kind[5:]}s_{how}"] += 1
+        elif ev.kind == "msix_table_write":
+            out.setdefault(ev.source.split(".", 1)[0], Counter())["msix_table_writes"] += 1
+    keys = ("reads_exit", "writes_exit", "reads_direct", "writes_direct", "msix_table_writes")
+    return {vm: {k: c.get(k, 0) for k in keys} for vm, c in out.items()}
 
 
 def cli_run(args: argparse.Namespace) -> int:
+    from ..images import ImageError, load_image, run_image
+    from ..trace_export import write_chrome_trace
+    from ._out import print_table, wants_json_on_stdout, write_json
+    if args.trace is not None:
+        check_output(args.trace, "--trace")
+    if args.json is not None:
+        check_output(args.json, "--json", allow_stdout=True)
     try:
         image = load_image(args.image)
-        run = run_image(image, args.seed)
+        run = run_image(image, args.seed, keep_trace=args.trace is not None)
     except ImageError as e:
-        print(f"virtaccel vm run: {e}", file=sys.stderr)
-        return 2
+        raise CliError(str(e)) from None
+    if args.trace is not None:
+        try:
+            write_chrome_trace(run.trace_events, args.trace)
+        except OSError as e:
+            raise CliError(f"--trace {args.trace}: {e.strerror or e}") from None
     acc = image.accelerator
+    mmio = mmio_counts(run.trace_events) if args.trace is not None else {}
+    if args.json is not None:
+        write_json(args.json, {
+            "image": image.path, "name": image.name, "mode": acc.mode,
+            "transport": acc.transport, "seed": run.seed, "entry": image.entry, "ok": run.ok,
+            "result": _jsonable(run.result),
+            "error": None if run.error is None else f"{type(run.error).__name__}: {run.error}",
+            "virtual_ns": run.virtual_ns, "mmio_exits": run.exits,
+            "direct_mmio_accesses": run.direct_accesses, "mmio": mmio,
+            "digest": run.digest})
+    if wants_json_on_stdout(args.json):
+        return 0 if run.ok else 1
     print(f"virtaccel vm run: image {image.name!r} ({acc.mode}, {acc.transport}), seed {run.seed}")
     print(f"  program {image.entry}")
     if run.error is not None:
         print(f"  guest program failed: {type(run.error).__name__}: {run.error}")
     elif isinstance(run.result, dict) and isinstance(run.result.get("tenants"), dict):
-        _print_tenants(run.result["tenants"])
+        print_table(("tenant", "ok", "correct", "done", "p50 us", "p99 us", "error"),
+                    _tenant_rows(run.result["tenants"]), right=("done", "p50 us", "p99 us"))
     elif isinstance(run.result, dict):
-        for k, v in run.result.items():
-            print(f"  {k:<20} {_fmt(v)}")
+        print_table(("result", "value"), [(k, _fmt(v)) for k, v in run.result.items()])
     else:
         print(f"  result {run.result!r} (a dict with 'ok' expected)")
+    if mmio:
+        print_table(("vm", "reads (exit)", "writes (exit)", "reads (direct)",
+                     "writes (direct)", "MSI-X table writes"),
+                    [(vm, *c.values()) for vm, c in mmio.items()],
+                    title="guest MMIO accesses (exit: trapped by the VMM; direct: "
+                          "a BAR mapped into the guest)",
+                    right=("reads (exit)", "writes (exit)", "reads (direct)",
+                           "writes (direct)", "MSI-X table writes"))
     print(f"  virtual time {run.virtual_ns / 1000:.3f} us, MMIO exits {run.exits}, "
           f"direct MMIO accesses {run.direct_accesses}")
+    if args.trace is not None:
+        print(f"trace written to {args.trace} (Chrome trace-event JSON, every MMIO access "
+              "with its exit flag on each VM's cpu track; open it in Perfetto)")
     print(f"result: {'OK' if run.ok else 'FAILED'}")
     print(f"trace digest: {run.digest}")
     return 0 if run.ok else 1
+
+
+def _jsonable(value: Any) -> Any:
+    """The program's result as JSON can hold it (numpy scalars and arrays as lists)."""
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return repr(value)

@@ -1,0 +1,159 @@
+"""The `virtaccel` argument parser: every verb's options, and nothing heavy imported.
+
+Each verb names its handler as "module:function" (relative to virtaccel.cli); `main`
+imports it only when the verb runs.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, NoReturn, Sequence
+
+from ..errors import VirtaccelError
+from ._args import integer, seed
+
+HANDLER = "handler"
+
+
+class ParseExit(VirtaccelError):
+    """argparse finished (help, version, or a one-line error already printed)."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (`virtaccel <verb>: <message>`) and no sys.exit."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"{self.prog}: {message} (see {self.prog} --help)", file=sys.stderr)
+        raise ParseExit(2)
+
+    def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
+        if message:
+            print(message.rstrip("\n"), file=sys.stderr)
+        raise ParseExit(status)
+
+
+class _Version(argparse.Action):
+    """--version, resolving the installed version only when asked."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS,
+                 default: Any = argparse.SUPPRESS, help: str | None = None) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=default, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        from virtaccel import __version__
+        print(f"virtaccel {__version__}")
+        parser.exit()
+
+
+def _verb(sub: Any, name: str, handler: str, help: str, prog: str | None = None,
+          **kw: Any) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = sub.add_parser(name, help=help, description=help, **kw)
+    p.set_defaults(handler=handler, verb=prog or f"virtaccel {name}")
+    return p
+
+
+def _json(p: argparse.ArgumentParser, what: str = "the result") -> None:
+    p.add_argument("--json", metavar="FILE", default=None,
+                   help=f"write {what} as JSON to FILE ('-': stdout, instead of the tables)")
+
+
+def _seed(p: argparse.ArgumentParser, default: int | None = 0, extra: str = "") -> None:
+    p.add_argument("--seed", type=seed, default=default, metavar="N",
+                   help="machine and data seed, 0 .. 2**64-1, decimal or 0x hex "
+                        f"(default {default if default is not None else extra})")
+
+
+def _trace(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--trace", metavar="FILE", default=None,
+                   help="write a Chrome trace-event JSON of the run (open it in Perfetto)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(prog="virtaccel",
+                    description="A virtualized AI-accelerator stack (VA-1) in one process.")
+    parser.add_argument("--version", action=_Version, help="print the version and exit")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="VERB")
+
+    p = _verb(sub, "demo", ".demo:cli",
+              "boot one VM with a VA-1 over virtio-mmio and run a two-layer MLP")
+    _seed(p)
+    _trace(p)
+    _json(p, "the report (per-command device time, error, digest)")
+
+    p = _verb(sub, "vm", "", "VM images: boot one and run its guest program")
+    vsub = p.add_subparsers(dest="vm_command", required=True, metavar="ACTION")
+    r = _verb(vsub, "run", ".vm:cli_run",
+              "boot IMAGE (vm_images/*.toml), run its program (sriov-vf: every tenant "
+              "VM's), print the result and the trace digest; exit 1 unless the result is ok",
+              prog="virtaccel vm run")
+    r.add_argument("image", metavar="IMAGE", help="a VM image file (TOML)")
+    _seed(r, None, "the image's")
+    _trace(r)
+    _json(r, "the result, MMIO exit counts and the digest")
+
+    p = _verb(sub, "compile", ".compile:cli", "compile an ONNX model to a VA-1 code object")
+    p.add_argument("model", help="an .onnx model")
+    p.add_argument("-o", "--output", required=True, metavar="OUT",
+                   help="the .vaelf to write")
+    p.add_argument("--scratchpad", type=integer("--scratchpad", 64, (1 << 32) - 1),
+                   default=None, metavar="BYTES",
+                   help="tile for this scratchpad size in bytes, 64 .. 2**32-1 "
+                        "(default: the datasheet's)")
+    _json(p, "the summary")
+
+    p = _verb(sub, "run", ".run:cli", "run a code object (.vaelf) or an ONNX model in a VM")
+    p.add_argument("model", help="a .vaelf code object or a .onnx model (compiled first)")
+    p.add_argument("--inputs", required=True, metavar="IN.npz",
+                   help=".npz (np.savez) with one array per graph input")
+    p.add_argument("--out", required=True, metavar="OUT.npz",
+                   help=".npz to write the outputs to")
+    p.add_argument("--image", default=None,
+                   help="VM image to boot (default: one emulated VA-1 over virtio-mmio)")
+    p.add_argument("--function", default="main", help="entry point (default main)")
+    _seed(p)
+    _trace(p)
+    _json(p, "the report (outputs, per-command device time, virtual and wall time)")
+
+    p = _verb(sub, "objdump", ".objdump:cli",
+              "show a VA-1 code object: sections, symbols, relocations, metadata, disassembly")
+    p.add_argument("file", help="a .vaelf code object")
+
+    p = _verb(sub, "tenants", ".tenants:cli",
+              "N tenant VMs on N VFs of one VA-1 card, saturating it: per-VF device time, "
+              "completions, p50/p99 latency, correctness; Jain's index")
+    p.add_argument("--vfs", type=integer("--vfs", 1, 64), required=True, metavar="N",
+                   help="number of VFs (and tenant VMs), 1 .. TotalVFs (64)")
+    p.add_argument("--weights", required=True, metavar="W1,W2,...",
+                   help="one scheduling weight (>= 1) per VF, comma-separated")
+    p.add_argument("--aggressor", type=integer("--aggressor", -(1 << 31), 1 << 31),
+                   default=None, metavar="K",
+                   help="VF K floods its queues; the others run closed-loop and their p99 "
+                        "is compared with a run without the aggressor")
+    _seed(p)
+    p.add_argument("--duration-us", type=integer("--duration-us", 1, 10**7), default=None,
+                   metavar="US", help="virtual time each tenant submits for (default: "
+                                      "enough for every tenant to overlap, growing with N)")
+    _json(p, "the per-VF results")
+
+    p = _verb(sub, "stats", ".stats:cli",
+              "run the demo workload and print per-function and per-context counters")
+    _seed(p)
+    _json(p, "the counters")
+
+    p = _verb(sub, "bench", ".bench:cli",
+              "benchmarks: ratios against numpy / copyto / a bare ring / python -c pass")
+    p.add_argument("--json", metavar="FILE", default=None,
+                   help="write the rows as JSON to FILE ('-': stdout), and the figure as "
+                        "FILE's .png beside it")
+    p.add_argument("--only", metavar="CASES", default="",
+                   help="comma-separated cases to run (default all; see docs/benchmarks.md)")
+    p.add_argument("--smoke", action="store_true",
+                   help="tiny sizes: checks the machinery, the numbers mean nothing")
+    p.add_argument("--no-profile", action="store_true",
+                   help="do not profile rows that miss their target")
+    return parser
