@@ -33,7 +33,10 @@ class FeaturesRefused(TransportError):
 class VirtioTransport(Protocol):
     """One virtio function as the driver sees it, whatever the bus."""
 
-    name: str  # for messages: "virtio-mmio@0x10000000", "virtio-pci 0000:00:03.0"
+    @property
+    def name(self) -> str:
+        """For messages: "virtio-mmio@0x10000000", "virtio-pci 0000:00:03.0"."""
+        ...
 
     def probe(self) -> int:
         """Identify the function; return its virtio device id (0 = no device)."""
@@ -83,7 +86,8 @@ class VirtioTransport(Protocol):
 class FeatureWindow(Protocol):
     """The primitives feature negotiation is built from (both transports have them)."""
 
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def device_features(self) -> int: ...
 
