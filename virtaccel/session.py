@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Mapping, Sequence, TypeVar
 
 from device_model import Va1Config
+from guest_driver.kernel import GuestKernel
 from guest_driver.uapi import GuestOS
 from hwspec.va1 import VfResources
 from vmm.host import CardFactory, Host, HostPciFunction, PfDriverFactory
@@ -342,6 +343,17 @@ class Session:
         """A guest task in `vm` (index, name or Vm; default the only one) that boots its
         kernel, then runs `program(os)`; it runs at the next run_tasks()."""
         task = self._vm(vm).spawn_program(program, name)
+        self.tasks.append(task)
+        return task
+
+    @_requires(SessionState.READY)
+    def spawn_kernel(self, program: Callable[[GuestKernel], Any], *,
+                     vm: int | str | Vm | None = None, name: str | None = None) -> GuestTask:
+        """A guest task in `vm` that runs `program(kernel)` on the bare guest kernel
+        services (RAM, MMIO and config accessors, interrupts, waits) without booting the
+        project's driver: how a hostile or home-grown guest kernel drives the device."""
+        target = self._vm(vm)
+        task = self.machine.spawn(lambda: program(target.kernel), name or f"{target.name}.kernel")
         self.tasks.append(task)
         return task
 

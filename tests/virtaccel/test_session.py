@@ -202,3 +202,19 @@ def test_the_package_has_a_version_and_lazy_names() -> None:
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         _ = virtaccel.nope  # type: ignore[attr-defined]
     assert Va1Config  # the config a session passes to every VA-1 it builds
+
+
+def test_a_bare_kernel_task_reaches_the_device_without_the_driver() -> None:
+    from hwspec import virtio_mmio as VM
+    seen: dict[str, int] = {}
+
+    def program(kernel: Any) -> None:
+        (dev,) = kernel.platform_devices
+        seen["magic"] = kernel.mmio.read(dev.base + VM.MAGIC_VALUE, 4)
+        seen["status"] = kernel.mmio.read(dev.base + VM.STATUS, 4)
+
+    with Session(memory=8 << 20) as s:
+        task = s.spawn_kernel(program, name="raw")
+        s.run_tasks()
+    assert task.error is None and task.name == "raw"
+    assert seen["magic"] == VM.MAGIC and seen["status"] == 0   # no driver touched it
