@@ -70,6 +70,7 @@ class Va1Device(VirtioDevice):
         self.metrics = Metrics()
         self.admin = admin
         self._config_bytes = config.pack()
+        self._generation = 0
         self.num_queues = va1.FIRST_SUBMITQ + config.num_submit_queues
         self.submitqs = list(range(va1.FIRST_SUBMITQ, self.num_queues))
         self.processor = CommandProcessor(
@@ -113,7 +114,10 @@ class Va1Device(VirtioDevice):
         self.reset()
         self.config = config
         self.memory = memory
-        self._config_bytes = config.pack()
+        packed = config.pack()
+        if packed != self._config_bytes:
+            self._generation += 1
+        self._config_bytes = packed
         self.num_queues = va1.FIRST_SUBMITQ + config.num_submit_queues
         self.submitqs = list(range(va1.FIRST_SUBMITQ, self.num_queues))
         self.processor.set_queues(self.submitqs)
@@ -125,7 +129,9 @@ class Va1Device(VirtioDevice):
 
     @property
     def config_generation(self) -> int:
-        return 0  # the configuration never changes at run time
+        """Bumped whenever the device configuration changes (a re-provisioning), so a
+        driver reading it field by field can tell a torn read (virtio 1.x §2.5)."""
+        return self._generation
 
     def activate(self, queues: Sequence[DeviceRing], interrupt: VirtioInterrupt) -> None:
         self.queues = list(queues)

@@ -29,7 +29,7 @@ IMAGE_RUNS = {
                      255_681, 143, 0),
     "passthrough-pci": ("1471d36328d278a3a29f3ddfd80eaf9e69c6c46625f5b39657dfba676e2f0590",
                         261_881, 137, 124),
-    "tenants-8": ("6f04e4be9da0d239a98190dd1cae435dba0affb9b367efdf66202fc657eb6970",
+    "tenants-8": ("8fbe383230e7eddd1373f6f0855195e28dc8369c141e56dfefd78ca6af1d3c11",
                   101_299_180, 1216, 1088),
 }
 
