@@ -59,9 +59,14 @@ PfDriverFactory = Callable[[HostKernelServices, "HostPciFunction"], PfDriver]
 class Host:
     """The host: IOMMU, MSI domain, eventfd wait queues, PCI segment 0000."""
 
-    def __init__(self, machine: Machine, name: str = "host") -> None:
+    def __init__(self, machine: Machine, name: str = "host", page_size: int = 4096) -> None:
+        """`page_size`: the host CPU's page (4 KiB; 16 or 64 KiB on some arm64 hosts),
+        which an SR-IOV PF's System Page Size is set to (vmm.sriov)."""
+        if page_size < 4096 or page_size & (page_size - 1):
+            raise ValueError(f"host page size {page_size:#x} is not a power of two >= 4 KiB")
         self.machine = machine
         self.name = name
+        self.page_size = page_size
         self.tracer = machine.trace.tracer(name)
         self.iommu = Iommu(tracer=machine.trace.tracer(f"{name}.iommu"))
         self.msi = HostMsiDomain(machine.trace.tracer(f"{name}.msi"), last=HOST_MSI_REMAPPED_LAST,
@@ -155,7 +160,12 @@ class Host:
                                 tracer=self.machine.trace.tracer(source))
             return make(ports, msi, platform, source)
         hf = self.add_function(factory, bus, dev, fn)
-        platform.attach(hf)
+        try:
+            platform.attach(hf)
+        except SriovError:
+            self.pci.remove(hf.slot)        # a PF the host cannot use leaves no trace
+            self.functions.pop(hf.name, None)
+            raise
         self.sriov[hf.name] = platform
         return hf
 

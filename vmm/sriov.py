@@ -11,10 +11,12 @@ the PCI core and the IOMMU do on a real host (device_model.pci.api.SriovPlatform
   to no domain it reaches nothing; bound to VFIO it gets a domain of its own.
 - Its MSI-X messages go to the host MSI domain through a port that stamps its RID, so
   interrupt remapping only lets it raise vectors allocated for it.
-- Its BARs are not in its own config space (SR-IOV VFs read 0 there): firmware sizes
-  the PF's VF BARn registers (per-VF size), reserves size * TotalVFs in the host
-  window and writes the base; VF n's BARn decodes at base + (n-1) * size while VF MSE
-  is set in the PF's SR-IOV control register.
+- Its BARs are not in its own config space (SR-IOV VFs read 0 there): firmware first
+  sets the PF's System Page Size to the smallest supported size that is at least the
+  host page (as Linux sriov_init does; none: SR-IOV is refused), then sizes the PF's VF
+  BARn registers (per-VF size, which the PF pads to a system page), reserves size *
+  TotalVFs in the host window and writes the base; VF n's BARn decodes at base +
+  (n-1) * size while VF MSE is set in the PF's SR-IOV control register.
 - Clearing VF Enable takes every VF off the bus: BARs unmapped, slots emptied, VFIO
   groups dropped.
 """
@@ -140,8 +142,24 @@ class HostSriovPlatform:
         self.cap = find_ext_cap(pf.function, P.EXT_CAP_ID_SRIOV)
         if self.cap is None:
             raise SriovError(f"{pf.name} has no SR-IOV extended capability")
+        self.set_page_size(self.host.page_size)
         self.assign_vf_bars()
         self.host.pci.config_hooks[(pf.slot.bus, pf.slot.dev, pf.slot.fn)] = self._pf_config_written
+
+    def set_page_size(self, page_size: int) -> int:
+        """System Page Size := the smallest size the PF supports that is >= `page_size`
+        (VF BARs then start on host pages, so each can be mapped on its own). Returns
+        the size set; SriovError if the PF supports none."""
+        assert self.pf is not None and self.cap is not None
+        shift = max(0, page_size.bit_length() - 1 - 12)
+        usable = self._cfg(P.SRIOV_SUP_PGSIZE, 4) & ~((1 << shift) - 1) & 0xFFFF_FFFF
+        if not usable:
+            raise SriovError(f"{self.pf_name}: Supported Page Sizes "
+                             f"{self._cfg(P.SRIOV_SUP_PGSIZE, 4):#x} has no size >= the "
+                             f"host page ({page_size:#x})")
+        bit = usable & -usable
+        self.pf.function.config_write(self.cap + P.SRIOV_SYS_PGSIZE, 4, bit)
+        return 1 << (12 + bit.bit_length() - 1)
 
     def assign_vf_bars(self) -> dict[int, int]:
         """Firmware: size each VF BAR, reserve size * TotalVFs in the host window, write

@@ -70,6 +70,7 @@ class Va1Device(VirtioDevice):
         self.metrics = Metrics()
         self.admin = admin
         self._config_bytes = config.pack()
+        self._generation = 0
         self.num_queues = va1.FIRST_SUBMITQ + config.num_submit_queues
         self.submitqs = list(range(va1.FIRST_SUBMITQ, self.num_queues))
         self.processor = CommandProcessor(
@@ -84,6 +85,8 @@ class Va1Device(VirtioDevice):
         self.contexts: dict[int, Context] = {}
         self.active = False
         self.broken = False
+        self.bus_master = True
+        self._held: list[Callable[[], None]] = []
 
     # --- VirtioDevice ----------------------------------------------------------------
 
@@ -113,7 +116,10 @@ class Va1Device(VirtioDevice):
         self.reset()
         self.config = config
         self.memory = memory
-        self._config_bytes = config.pack()
+        packed = config.pack()
+        if packed != self._config_bytes:
+            self._generation += 1
+        self._config_bytes = packed
         self.num_queues = va1.FIRST_SUBMITQ + config.num_submit_queues
         self.submitqs = list(range(va1.FIRST_SUBMITQ, self.num_queues))
         self.processor.set_queues(self.submitqs)
@@ -125,7 +131,9 @@ class Va1Device(VirtioDevice):
 
     @property
     def config_generation(self) -> int:
-        return 0  # the configuration never changes at run time
+        """Bumped whenever the device configuration changes (a re-provisioning), so a
+        driver reading it field by field can tell a torn read (virtio 1.x §2.5)."""
+        return self._generation
 
     def activate(self, queues: Sequence[DeviceRing], interrupt: VirtioInterrupt) -> None:
         self.queues = list(queues)
@@ -152,7 +160,32 @@ class Va1Device(VirtioDevice):
         except RingError as e:
             self._break(e)
 
+    def set_bus_master(self, enabled: bool) -> None:
+        """Off: the engines stop at their next command boundary (or before a host
+        transfer) and every completion due meanwhile (its response, used entry, event
+        and interrupt) is held. On again: the held completions go out in the order they
+        were due, then the engines go on where they stopped."""
+        if enabled == self.bus_master:
+            return
+        self.bus_master = enabled
+        if not enabled:
+            self.processor.set_bus_master(False)
+            return
+        while self._held and self.bus_master:
+            self._held.pop(0)()
+        if self.bus_master:
+            self.processor.set_bus_master(True)
+
+    def _when_bus_master(self, what: str, work: Callable[[], None]) -> None:
+        """Run `work` (which DMAs) now, or when Bus Master is set again."""
+        if self.bus_master:
+            work()
+            return
+        self._held.append(work)
+        self.tracer.emit("dma_held", what=what)
+
     def reset(self) -> None:
+        self._held.clear()
         if self.admin is not None:
             self.admin.pf_reset()
         self.processor.reset()
@@ -207,11 +240,14 @@ class Va1Device(VirtioDevice):
                                     self._ctrl_callback(chain, raw), "va1-ctrl")
 
     def _ctrl_callback(self, chain: DescriptorChain, raw: bytes) -> Callable[[], None]:
-        def run() -> None:
+        def complete() -> None:
             try:
                 self._ctrl_complete(chain, raw)
             except RingError as e:
                 self._break(e)
+
+        def run() -> None:
+            self._when_bus_master("ctrl", complete)
         return run
 
     def _ctrl_complete(self, chain: DescriptorChain, raw: bytes) -> None:
@@ -349,7 +385,11 @@ class Va1Device(VirtioDevice):
             return e.status, e.offset, []
 
     def _complete_submission(self, sub: Submission) -> None:
-        """At end_ns: response, used entry, interrupt; a fault marks the context."""
+        """At end_ns (or when Bus Master is set again): response, used entry,
+        interrupt; a fault marks the context."""
+        self._when_bus_master("submit", lambda: self._submission_done(sub))
+
+    def _submission_done(self, sub: Submission) -> None:
         if not self._live():
             return
         try:
@@ -383,7 +423,7 @@ class Va1Device(VirtioDevice):
 
     def _admin_callback(self, qi: int, chain: DescriptorChain,
                         raw: bytes) -> Callable[[], None]:
-        def run() -> None:
+        def complete() -> None:
             try:
                 if not self._live() or self.admin is None:
                     return
@@ -391,6 +431,9 @@ class Va1Device(VirtioDevice):
                 self._return_chain(qi, chain, reply)
             except RingError as e:
                 self._break(e)
+
+        def run() -> None:
+            self._when_bus_master("admin", complete)
         return run
 
     # --- eventq ----------------------------------------------------------------------

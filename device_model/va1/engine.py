@@ -268,18 +268,35 @@ class CommandProcessor:
         run.cmds = cmds
         self._step(run)
 
-    def _preempt(self, run: _Run) -> None:
+    def _preempt(self, run: _Run, hold: bool = False) -> None:
+        """The run yields its engine and resumes later at command `run.next`: preempted
+        by the scheduler, or (`hold`, or any yield while Bus Master is off) held
+        because the function may not DMA, which is not counted as a preemption."""
         sub = run.sub
         self.engines[sub.engine] = None
         self.busy[run.slot] = False
         self.resume[run.slot] = run
         self.fs.running -= 1
-        self.fs.preemptions += 1
-        self.metrics.preemptions += 1
-        self.tracer.emit("preempt", queue=sub.queue, context=sub.req.context_id,
-                         fence=sub.req.fence_seq, engine=sub.engine, offset=run.next,
-                         at_ns=run.t)
+        if hold or not self.fs.bus_master:
+            self.tracer.emit("dma_held", queue=sub.queue, context=sub.req.context_id,
+                             fence=sub.req.fence_seq, engine=sub.engine, offset=run.next,
+                             at_ns=run.t)
+        else:
+            self.fs.preemptions += 1
+            self.metrics.preemptions += 1
+            self.tracer.emit("preempt", queue=sub.queue, context=sub.req.context_id,
+                             fence=sub.req.fence_seq, engine=sub.engine, offset=run.next,
+                             at_ns=run.t)
         self.sched.dispatch()  # type: ignore[union-attr]
+
+    def set_bus_master(self, enabled: bool) -> None:
+        """Bus Master off: no run starts and running ones yield at their next command
+        boundary (or before a host transfer); on: they are dispatched again."""
+        self.fs.bus_master = enabled
+        if enabled and self.sched is not None:
+            if not self.fs.running and self.has_work():
+                self.sched.became_active(self.fs)
+            self.sched.dispatch()
 
     def _sleep(self, run: _Run, until: int) -> None:
         """A WAIT with competitors: give the engine up until the next poll; its queue
@@ -323,7 +340,7 @@ class CommandProcessor:
         while run.next < len(cmds):
             cmd = cmds[run.next]
             if (cmd.opcode in _TIME_ONLY and run.cur_end < 0 and not shared
-                    and not fs.stopped and not cmd.path):
+                    and not fs.halted and not cmd.path):
                 # A run of time-only commands (NOPs): the generic path below, step for
                 # step, minus what they cannot do (boundary checks are no-ops unshared
                 # and unstopped; nothing executes, so nothing can schedule an event and
@@ -364,7 +381,7 @@ class CommandProcessor:
                     continue
             if run.cur_end < 0:
                 # A command boundary at run.t.
-                if fs.stopped or shared and sched.competitor_waiting(
+                if fs.halted or shared and sched.competitor_waiting(
                         fs, run.t - run.slice_start >= fs.exec_quantum_ns):
                     if run.t > now:
                         self.schedule(run.t - now, lambda: self._step(run), "va1-boundary")
@@ -399,6 +416,12 @@ class CommandProcessor:
             if run.timed_out:
                 self._timeout(run, cmd, end)
                 break
+            if not fs.bus_master and cmd.host_bytes:
+                # Bus Master went off while the command ran, before its host transfer:
+                # nothing is read or written; it starts again when Bus Master is back.
+                run.cur_end = -1
+                self._preempt(run, hold=True)
+                return
             try:
                 OPS[cmd.opcode].execute(cmd, self.dma, start)  # errstate: entered in _step
             except DmaFault as e:

@@ -14,9 +14,10 @@ runnable after being idle starts at max(its virtual time, the lowest virtual tim
 active functions), so idle time is not banked.
 
 Preemption happens only at command boundaries (the engine checks at each boundary): a
-run yields its engine when its function is stopped, when a function of strictly higher
-priority is waiting, or when it has run at least the function's exec quantum on this
-engine and another function of the same or higher priority is waiting. The preempted
+run yields its engine when its function is stopped or has Bus Master off, when a
+function of strictly higher priority is waiting, or when it has run at least the
+function's exec quantum on this engine and another function of the same or higher
+priority is waiting. The preempted
 submission goes back to the head of its queue and resumes later at its next command, on
 whichever engine picks it.
 """
@@ -39,12 +40,19 @@ class FunctionSched:
     priority: int = va1.DEFAULT_PRIORITY
     exec_quantum_ns: int = va1.DEFAULT_EXEC_QUANTUM_NS
     preemption_timeout_ns: int = va1.DEFAULT_PREEMPTION_TIMEOUT_NS
-    stopped: bool = False
+    stopped: bool = False               # VF_STOP
+    bus_master: bool = True             # PCI Command.Bus Master of the function
     vt: float = 0.0
     running: int = 0                    # runs on engines now
     preemptions: int = 0
     timeouts: int = 0
     busy_ns: int = field(default=0)     # device time used (for stats and tests)
+
+    @property
+    def halted(self) -> bool:
+        """Nothing of the function may start, and its runs yield at the next command
+        boundary: stopped by its PF, or Bus Master off (no DMA)."""
+        return self.stopped or not self.bus_master
 
     def charge(self, ns: int) -> None:
         self.vt += ns / self.weight
@@ -87,12 +95,12 @@ class Scheduler:
 
     def competitor_waiting(self, fs: FunctionSched, quantum_expired: bool) -> bool:
         """Should a run of `fs` yield its engine at this boundary?"""
-        if fs.stopped:
+        if fs.halted:
             return True
         if len(self.functions) == 1:
             return False
         for f in self.functions:
-            if f is fs or f.stopped:
+            if f is fs or f.halted:
                 continue
             if f.priority > fs.priority or (quantum_expired and f.priority == fs.priority):
                 if f.processor.startable():
@@ -102,7 +110,7 @@ class Scheduler:
     def other_waiting(self, fs: FunctionSched) -> bool:
         """Any other runnable function (for WAIT, which yields at each poll)."""
         for f in self.functions:
-            if f is not fs and not f.stopped and f.priority >= fs.priority \
+            if f is not fs and not f.halted and f.priority >= fs.priority \
                     and f.processor.startable():
                 return True
         return False
@@ -112,7 +120,7 @@ class Scheduler:
     def _pick(self) -> FunctionSched | None:
         best: FunctionSched | None = None
         for f in self.functions:
-            if f.stopped or not f.processor.startable():
+            if f.halted or not f.processor.startable():
                 continue
             if best is None or (-f.priority, f.vt) < (-best.priority, best.vt):
                 best = f

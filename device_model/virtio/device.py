@@ -74,3 +74,9 @@ class VirtioDevice(ABC):
     @abstractmethod
     def reset(self) -> None:
         """Forget all driver state; after return no DMA is issued (spec §8)."""
+
+    def set_bus_master(self, enabled: bool) -> None:
+        """PCI Command.Bus Master of the function changed (a transport without one, like
+        virtio-mmio, never calls this: the device may always master the bus). While it
+        is off the device must issue no memory request, hence no DMA and no MSI."""
+        return None

@@ -127,6 +127,7 @@ class VirtioPciFunction(TransportCore):
             sriov_hooks.init_config(self.config)
         self.config.seal_defaults()
         self._reset_state()
+        self.device.set_bus_master(self._bus_master())
 
     @property
     def num_queues(self) -> int:
@@ -233,9 +234,12 @@ class VirtioPciFunction(TransportCore):
         self._update_intx()
 
     def _command_written(self, offset: int, size: int) -> None:
+        """INTx Disable, and Bus Master: the device holds its DMA while it is 0 and
+        carries on when it is 1 again (after the vectors it pended meanwhile)."""
         self._update_intx()
         if self._bus_master():
             self.msix.flush()
+        self.device.set_bus_master(self._bus_master())
 
     def signal_used(self, queue_index: int) -> None:
         """VirtioInterrupt: a used-buffer notification for `queue_index`."""
@@ -513,6 +517,7 @@ class VirtioPciFunction(TransportCore):
         self.config.put(devctl, 2, self.config.get(devctl, 2) | payload)
         self.msix.reset()
         self._reset_state()
+        self.device.set_bus_master(self._bus_master())
         if self.sriov_hooks is not None:
             self.sriov_hooks.after_flr()
         self.tracer.emit("flr")

@@ -29,7 +29,7 @@ from hwspec import virtio_admin as VA
 from hwspec.va1 import VfResources
 
 from ..kernel import GuestKernel, PciHostBridge
-from ..mm import PageAllocator
+from ..mm import PAGE_SIZE, PageAllocator
 from ..pci import PciError, PciFunction
 from ..uapi import DeviceFile
 from ..virtio.admin import AdminResult, qualifier_name, status_name
@@ -165,10 +165,21 @@ class VA1Pf:
             self._w16(P.SRIOV_NUM_VF, 0)
         if self._r16(P.SRIOV_TOTAL_VF) == 0:
             raise PciError(f"{self.fn.bdf}: SR-IOV TotalVFs is 0")
-        sup = self._r32(P.SRIOV_SUP_PGSIZE)
-        if sup & 1:  # 4 KiB pages, the IOMMU's granule
-            self._w32(P.SRIOV_SYS_PGSIZE, 1)
+        self._set_page_size()
         self.vf_bar0_size, self.vf_bar0_64bit = self._size_vf_bar0()
+
+    def _set_page_size(self) -> None:
+        """System Page Size: kept if firmware already chose a supported size of at least
+        our page (it sized the VF BARs with it); else the smallest supported size >= our
+        page, as Linux sriov_init. No such size: SR-IOV cannot be used here."""
+        sup = self._r32(P.SRIOV_SUP_PGSIZE)
+        usable = sup & ~((PAGE_SIZE >> 12) - 1)
+        if not usable:
+            raise PciError(f"{self.fn.bdf}: SR-IOV Supported Page Sizes {sup:#x} has no "
+                           f"size >= {PAGE_SIZE:#x}")
+        cur = self._r32(P.SRIOV_SYS_PGSIZE)
+        if cur & (cur - 1) or not cur & usable:
+            self._w32(P.SRIOV_SYS_PGSIZE, usable & -usable)
 
     def _size_vf_bar0(self) -> tuple[int, bool]:
         reg = P.SRIOV_BAR

@@ -226,3 +226,31 @@ def test_admin_queue_ignored_without_admin_vq_negotiated() -> None:
     c.pf.kick(c.pf.adm_index)
     c.clock.run()
     assert c.pf.admin.pop_used() is None
+
+
+def test_config_generation_moves_when_resources_set_changes_a_vfs_config() -> None:
+    """virtio 1.x §4.1.4.3: config_generation changes whenever the device configuration
+    does. A VF_RESOURCES_SET that changes what the VF's config reports bumps it; one
+    that changes only scheduling (not in the config), or is refused, does not."""
+    from hwspec import virtio_pci as VP
+    c = _card(4)
+
+    def gen(n: int) -> int:
+        return c.card.vf_functions[n - 1].bar_read(0, VP.COMMON_CFGGENERATION, 1)
+
+    before = [gen(n) for n in (1, 2, 3, 4)]
+    assert c.pf.set_resources(2, 5 * MIB, queues=3, ctxs=7) == (0, 0)
+    assert gen(2) == (before[1] + 1) & 0xFF
+    assert [gen(n) for n in (1, 3, 4)] == [before[0], before[2], before[3]]
+    vf = c.card.vf_functions[1]
+    assert vf.bar_read(0, 0x2000 + 8, 8) == 5 * MIB     # the new config, read by the BAR
+    assert c.pf.set_resources(2, 5 * MIB, queues=3, ctxs=7, weight=4) == (0, 0)
+    assert gen(2) == (before[1] + 1) & 0xFF             # weight is not in the config
+    assert c.pf.set_resources(2, 0) == (S.EINVAL, S.Q_INVALID_FIELD)
+    assert gen(2) == (before[1] + 1) & 0xFF             # refused: nothing changed
+    assert c.pf.set_resources(2, 6 * MIB, queues=3, ctxs=7) == (0, 0)
+    assert gen(2) == (before[1] + 2) & 0xFF
+    # a virtio reset or an FLR changes no configuration: the generation stays
+    vf.bar_write(0, VP.COMMON_STATUS, 1, 0)
+    vf.function_level_reset()
+    assert gen(2) == (before[1] + 2) & 0xFF

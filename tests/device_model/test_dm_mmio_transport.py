@@ -255,3 +255,23 @@ def test_irq_trace_deterministic_ints() -> None:
     ev = rig.tracer.kinds("irq")
     assert ev and all(isinstance(e["bits"], int) for e in ev)
     assert struct.pack("<I", rig.r(0x60)) == b"\x01\0\0\0"
+
+
+def test_config_generation_register_follows_a_reconfigure() -> None:
+    """ConfigGeneration (0x0FC) changes with the device configuration (a reconfigure
+    that changes it), and not otherwise."""
+    from dataclasses import replace
+
+    from device_model.va1.memory import DeviceMemory
+    m, _, _ = fresh()
+    dev = m.device
+    assert isinstance(dev, Va1Device)
+    assert m.read(0x0FC, 4) == 0
+    dev.reconfigure(dev.config, DeviceMemory(dev.config.device_memory_size))
+    assert m.read(0x0FC, 4) == 0                    # same configuration
+    new = replace(dev.config, device_memory_size=2 << 20, max_contexts=3)
+    dev.reconfigure(new, DeviceMemory(2 << 20))
+    assert m.read(0x0FC, 4) == 1
+    assert m.read(0x108, 8) == 2 << 20 and m.read(0x13C, 4) == 3
+    m.write(0x070, 4, 0)                            # a reset keeps the generation
+    assert m.read(0x0FC, 4) == 1 and m.violations == []

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import struct
 
+import pytest
+
 import dm_sriov as S
 from dm_pci_driver import PciDriver
 from dm_sriov import Card, ext_cap
@@ -55,6 +57,70 @@ def test_vf_bar_sizing_protocol() -> None:
     assert c.card.sriov is not None
     assert c.card.sriov.vf_bar_base() == 0x2_1234_0000 | 0x0000  # low bits below size: 0
     assert c.card.vf_bar_address(3) == 0x2_1234_0000 + 2 * 0x8000
+
+
+def _vf_bar_size(d: PciDriver, cap: int) -> int:
+    lo, hi = d.cr(cap + S.SR_BAR0), d.cr(cap + S.SR_BAR0 + 4)
+    d.cw(cap + S.SR_BAR0, 4, 0xFFFF_FFFF)
+    d.cw(cap + S.SR_BAR0 + 4, 4, 0xFFFF_FFFF)
+    mask = (d.cr(cap + S.SR_BAR0) & ~0xF) | d.cr(cap + S.SR_BAR0 + 4) << 32
+    d.cw(cap + S.SR_BAR0, 4, lo)
+    d.cw(cap + S.SR_BAR0 + 4, 4, hi)
+    return (~mask & (2**64 - 1)) + 1
+
+
+def test_supported_page_sizes_are_the_ones_pcie_requires_of_a_pf() -> None:
+    d, cap = _cap(Card())
+    assert d.cr(cap + S.SR_SUPPG) == 0x553     # 4K, 8K, 64K, 256K, 1M, 4M
+    d.cw(cap + S.SR_SUPPG, 4, 0xFFFF_FFFF)     # read-only
+    assert d.cr(cap + S.SR_SUPPG) == 0x553
+
+
+@pytest.mark.parametrize("value", [0x0, 0x3, 0x4, 0x800, 0x8000_0000, 0x11])
+def test_system_page_size_not_exactly_one_supported_size_is_refused(value: int) -> None:
+    c = Card()
+    d, cap = _cap(c)
+    d.cw(cap + S.SR_SYSPG, 4, 0x10)
+    n = len(c.pf_fn.violations)
+    d.cw(cap + S.SR_SYSPG, 4, value)
+    assert d.cr(cap + S.SR_SYSPG) == 0x10                   # unchanged
+    assert [v.rule for v in c.pf_fn.violations[n:]] == ["sriov/page-size"]
+    assert _vf_bar_size(d, cap) == 0x1_0000
+
+
+@pytest.mark.parametrize("bit,aperture", [(0x1, 0x8000), (0x2, 0x8000), (0x10, 0x1_0000),
+                                          (0x40, 0x4_0000), (0x100, 0x10_0000),
+                                          (0x400, 0x40_0000)])
+def test_vf_bar_aperture_follows_the_system_page_size(bit: int, aperture: int) -> None:
+    """Each VF's BAR0 starts on a system page: the sizing protocol reports max(32 KiB,
+    page), the base keeps no bits below it, and VF n sits at base + (n-1) * aperture."""
+    c = Card()
+    d, cap = _cap(c)
+    d.cw(cap + S.SR_SYSPG, 4, bit)
+    assert d.cr(cap + S.SR_SYSPG) == bit and c.pf_fn.violations == []
+    assert _vf_bar_size(d, cap) == aperture
+    d.cw(cap + S.SR_BAR0, 4, 0x1234_5000)
+    d.cw(cap + S.SR_BAR0 + 4, 4, 0x2)
+    base = (0x2_1234_5000 & ~(aperture - 1))
+    assert c.card.sriov is not None and c.card.sriov.vf_bar_base() == base
+    assert c.card.vf_bar_address(3) == base + 2 * aperture
+    c.pf.enable_vfs(3)          # (rewrites VF BAR0 with an aligned base and sets VF MSE)
+    vf3 = c.card.vf_functions[2]
+    assert vf3.bars()[0].size == 0x8000                     # its registers stay 32 KiB
+    assert vf3.bar_read(0, 0x12, 2) == 4                    # and decode: num_queues
+
+
+def test_system_page_size_cannot_change_while_vfs_are_enabled_and_flr_resets_it() -> None:
+    c = Card()
+    d, cap = _cap(c)
+    d.cw(cap + S.SR_SYSPG, 4, 0x10)
+    c.pf.enable_vfs(2)
+    d.cw(cap + S.SR_SYSPG, 4, 0x1)
+    assert d.cr(cap + S.SR_SYSPG) == 0x10
+    assert c.pf_fn.violations[-1].rule == "sriov/page-size-while-enabled"
+    assert len(c.card.vf_functions) == 2
+    c.pf_fn.function_level_reset()
+    assert d.cr(cap + S.SR_SYSPG) == 0x1 and _vf_bar_size(d, cap) == 0x8000
 
 
 def test_num_vfs_above_total_refused() -> None:

@@ -128,6 +128,30 @@ def test_config_read_retries_while_generation_changes():
     assert len(gen_reads) == 4
 
 
+def test_torn_config_read_over_mmio_is_retried_with_the_new_values():
+    """A fake that re-provisions the device (and bumps ConfigGeneration) after the
+    driver read the first fields: the result is all new, never half old."""
+    k, (dev,) = make_machine(config={"max_contexts": 7, "num_compute_units": 4})
+    gen = [3]
+    orig = dev.mmio_read
+    mem_off = R.CONFIG + A.CONFIG.offsets["device_memory_size"]
+
+    def rd(off, size):
+        if off == R.CONFIG_GENERATION:
+            return gen[0]
+        if off == mem_off and gen[0] == 3:
+            dev.cfg.update(num_compute_units=8, device_memory_size=512 << 20, max_contexts=9)
+            gen[0] = 4
+        return orig(off, size)
+    dev.mmio_read = rd
+    cfg = VirtioMmio(k.mmio, k.platform_devices[0].base).read_config(A.CONFIG)
+    assert (cfg["num_compute_units"], cfg["device_memory_size"], cfg["max_contexts"]) == (
+        8, 512 << 20, 9)
+    gen_reads = [a for d, a, s, v in k.mmio.log if a == k.platform_devices[0].base
+                 + R.CONFIG_GENERATION]
+    assert len(gen_reads) == 4
+
+
 def test_missing_queue_fails_probe():
     k, (dev,) = make_machine()
     dev.queues[3].num_max = 0

@@ -238,6 +238,35 @@ def test_config_read_uses_32bit_halves_and_retries_on_generation_change():
     assert dev.violations == []  # no 8-byte access to the device config
 
 
+def test_torn_config_read_is_retried_and_never_mixes_two_generations():
+    """The device re-provisions itself between the low and the high half of
+    device_memory_size (and bumps config_generation): the driver's first pass would mix
+    old and new words; it sees the generation move, reads again, and returns only the
+    new configuration."""
+    k, (dev,), m, gos = booted_pci(config={"device_memory_size": 0x1_0000_0000,
+                                           "max_contexts": 5})
+    t = gos.devices["/dev/accel/accel0"].transport
+    from gd_pci_fakes import DEVCFG_OFF
+    hi = DEVCFG_OFF + A.CONFIG.offsets["device_memory_size"] + 4
+    orig = dev.pci.bar_io
+    torn = []
+
+    def bar_io(index, off, size, value):
+        if off == hi and value is None and not torn:
+            torn.append(orig(index, off - 4, 4, None))   # the low half the driver just read
+            dev.set_config(device_memory_size=0x2_0010_0000, max_contexts=9)
+        return orig(index, off, size, value)
+    dev.pci.bar_io = bar_io
+    gen0 = t.config_generation()
+    n0 = len(common_accesses(k, dev))
+    cfg = t.read_config(A.CONFIG)
+    assert torn == [0]                                  # the old low half
+    assert cfg["device_memory_size"] == 0x2_0010_0000 and cfg["max_contexts"] == 9
+    gens = [a for d, a, s, v in common_accesses(k, dev)[n0:]
+            if d == "r" and a == VP.COMMON_CFGGENERATION]
+    assert len(gens) == 4 and t.config_generation() == (gen0 + 1) & 0xFF
+
+
 def test_features_refused_over_pci():
     k, devs, m = make_pci_machine()
     devs[0].refuse_features = True

@@ -29,7 +29,7 @@ IMAGE_RUNS = {
                      255_681, 143, 0),
     "passthrough-pci": ("1471d36328d278a3a29f3ddfd80eaf9e69c6c46625f5b39657dfba676e2f0590",
                         261_881, 137, 124),
-    "tenants-8": ("03d7b666887a8612da4c673dc82d7b5277a093755d47e450702678a927cc56e8",
+    "tenants-8": ("8fbe383230e7eddd1373f6f0855195e28dc8369c141e56dfefd78ca6af1d3c11",
                   101_299_180, 1216, 1088),
 }
 

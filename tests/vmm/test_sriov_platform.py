@@ -174,3 +174,41 @@ def test_numvfs_cannot_change_while_a_vf_is_assigned_to_a_vm(host: Host) -> None
     vm.close()
     host.disable_sriov()
     assert host.vfs() == []
+
+
+def test_on_a_64k_page_host_firmware_sets_64k_pages_and_vfs_sit_64k_apart() -> None:
+    """As Linux sriov_init on a 64 KiB-page host: System Page Size 64 KiB, so VF BAR0
+    sizes at 64 KiB and VF n decodes at base + (n-1) * 64 KiB; the PF driver keeps that
+    page size and the VFs work."""
+    h = Host(Machine(SEED), page_size=0x1_0000)
+    h.add_va1_card(total_vfs=4)
+    plat = h.sriov_platform()
+    pf = h.functions["0000:01:00.0"]
+    cap = find_ext_cap(pf.function, P.EXT_CAP_ID_SRIOV)
+    assert cap is not None
+    assert pf.function.config_read(cap + P.SRIOV_SUP_PGSIZE, 4) == 0x553
+    assert pf.function.config_read(cap + P.SRIOV_SYS_PGSIZE, 4) == 0x10
+    assert plat.vf_bars[0].size == 0x1_0000
+    vfs = h.enable_sriov(3)
+    assert pf.function.config_read(cap + P.SRIOV_SYS_PGSIZE, 4) == 0x10
+    base = plat.vf_bar_base[0]
+    assert base % 0x1_0000 == 0
+    for n, vf in enumerate(vfs, start=1):
+        addr = plat.vf_bar_address(n)
+        assert addr == base + (n - 1) * 0x1_0000
+        assert h.bus.read(addr + VP.COMMON_NUMQ, 2) == 2 + vf.function.device.config.num_submit_queues  # type: ignore[attr-defined]
+    h.disable_sriov()
+
+
+def test_a_host_page_larger_than_every_supported_size_cannot_use_sriov() -> None:
+    h = Host(Machine(SEED), page_size=8 << 20)
+    with pytest.raises(SriovError, match=r"Supported Page Sizes 0x553 has no size >= the host page \(0x800000\)"):
+        h.add_va1_card(total_vfs=4)
+    assert h.functions == {} and h.sriov == {}
+    h.add_va1(bus=1)                                # the slot is free again
+
+
+@pytest.mark.parametrize("size", [0, 2048, 0x3000])
+def test_host_page_size_must_be_a_power_of_two_of_at_least_4k(size: int) -> None:
+    with pytest.raises(ValueError, match="host page size"):
+        Host(Machine(SEED), page_size=size)
