@@ -245,3 +245,8 @@ def test_target_device_memory_is_read_from_params_and_checked() -> None:
     assert Target.from_params({"device_memory_size": 1 << 20}).device_memory_size == 1 << 20
     with pytest.raises(ValueError, match="device_memory_size"):
         Target(device_memory_size=1 << 40)
+
+
+def test_bytes_that_are_not_a_model_are_an_import_error() -> None:
+    with pytest.raises(OnnxImportError, match=r"not an ONNX model \(protobuf: "):
+        compile_onnx(bytes(range(256)) * 4)

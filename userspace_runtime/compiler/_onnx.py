@@ -85,7 +85,7 @@ def check_model(model: onnx.ModelProto) -> None:
     """onnx.checker.check_model, its refusal as a one-line OnnxImportError."""
     try:
         onnx.checker.check_model(model)
-    except onnx.checker.ValidationError as e:
+    except (onnx.checker.ValidationError, ValueError) as e:
         raise OnnxImportError(f"the ONNX checker rejects the model: "
                               f"{' '.join(str(e).split())}") from None
 
@@ -562,10 +562,14 @@ def _constant(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[V
 def import_model(model: onnx.ModelProto | bytes | str,
                  static_inputs: Mapping[str, Any] | None = None) -> Graph:
     """An ONNX model (proto, serialized bytes or a path) as a Graph."""
-    if isinstance(model, (bytes, bytearray)):
-        model = onnx.load_model_from_string(bytes(model))
-    elif isinstance(model, str):
-        model = onnx.load(model)
+    from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
+    try:
+        if isinstance(model, (bytes, bytearray)):
+            model = onnx.load_model_from_string(bytes(model))
+        elif isinstance(model, str):
+            model = onnx.load(model)
+    except DecodeError as e:
+        raise OnnxImportError(f"not an ONNX model (protobuf: {e})") from None
     if not isinstance(model, onnx.ModelProto):
         raise OnnxImportError(f"not an ONNX model: {type(model).__name__}")
     check_model(model)
