@@ -37,6 +37,8 @@ FIRST_SUBMITQ = 2
 # Default device parameters (a device instance may be configured otherwise).
 DEFAULT_QUEUE_SIZE_MAX = 256
 DEFAULT_NUM_SUBMIT_QUEUES = 2
+DEFAULT_DEVICE_MEMORY_SIZE = 256 << 20   # spec §5: device_memory_size default
+MAX_DEVICE_MEMORY_SIZE = 16 << 30        # spec §5: device_memory_size range 0 .. 16 GiB
 
 # Device configuration space (offset 0 = transport's device-config window).
 CONFIG = Layout("va1_config", (

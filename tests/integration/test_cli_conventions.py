@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -165,6 +166,69 @@ def test_run_refuses_a_file_that_is_not_a_code_object(tmp_path: Path, model: tup
     bad.write_text("junk")
     assert main(["run", str(bad), "--inputs", str(model[1]), "--out", str(tmp_path / "o")]) == 2
     assert "not a VA-1 code object" in one_error_line(capsys, "run")
+
+
+def _with_note(elf: bytes, desc: bytes) -> bytes:
+    """`elf` with its VA-1 metadata note's descriptor replaced by `desc` (the new note
+    is appended to the file and .note.va1's section header points at it)."""
+    shoff, shnum, shstrndx = struct.unpack_from("<Q", elf, 40)[0], *struct.unpack_from(
+        "<HH", elf, 60)
+    strtab = struct.unpack_from("<Q", elf, shoff + shstrndx * 64 + 24)[0]
+    for i in range(shnum):
+        hdr = shoff + i * 64
+        name = struct.unpack_from("<I", elf, hdr)[0]
+        if elf[strtab + name:].startswith(b".note.va1\0"):
+            note = struct.pack("<III", 5, len(desc), 0x5641) + b"VA-1\0\0\0\0" + desc
+            out = bytearray(elf + b"\0" * (-len(elf) % 4))
+            struct.pack_into("<QQ", out, hdr + 24, len(out), len(note))
+            return bytes(out + note)
+    raise AssertionError("no .note.va1")
+
+
+@pytest.mark.parametrize("total,words", [(b"NaN", "NaN is not a JSON number"),
+                                         (b"Infinity", "Infinity is not a JSON number"),
+                                         (b"[" * 5000 + b"]" * 5000, "JSON nested 5002 levels deep"),
+                                         (None, "memory.total is missing")])
+def test_run_refuses_a_code_object_with_a_hostile_note(
+        tmp_path: Path, model: tuple[Path, Path], total: bytes | None, words: str,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """memory.total NaN/Infinity (an OverflowError once), absent (a KeyError once) or
+    nested deeper than json.loads recurses (a RecursionError once)."""
+    from userspace_runtime import codeobject
+    data = model[0].read_bytes()
+    meta = codeobject.read(data).metadata
+    del meta["memory"]["total"]
+    desc = json.dumps(meta).encode()
+    if total is not None:
+        desc = desc.replace(b'"memory": {', b'"memory": {"total": ' + total + b", ")
+    bad = tmp_path / "bad.vaelf"
+    bad.write_bytes(_with_note(data, desc))
+    assert main(["run", str(bad), "--inputs", str(model[1]), "--out", str(tmp_path / "o")]) == 2
+    err = one_error_line(capsys, "run")
+    assert "not a VA-1 code object" in err and "malformed metadata note" in err
+    assert words in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_compile_refuses_a_conv_with_stride_0(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """A ZeroDivisionError once: now one line naming the node and the attribute."""
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+    w = numpy_helper.from_array(np.ones((4, 3, 3, 3), np.float32), "w")
+    g = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], name="stem",
+                                            strides=[0, 0], auto_pad="SAME_UPPER")], "m",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT,
+                                                         [1, 4, 8, 8])], [w])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
+    m.ir_version = 10
+    src = tmp_path / "m.onnx"
+    onnx.save(m, str(src))
+    assert main(["compile", str(src), "-o", str(tmp_path / "m.vaelf")]) == 2
+    err = one_error_line(capsys, "compile")
+    assert "node stem (Conv): attribute strides [0, 0]" in err
+    assert not (tmp_path / "m.vaelf").exists()
 
 
 @pytest.mark.parametrize("flag", ["--out", "--trace", "--json"])

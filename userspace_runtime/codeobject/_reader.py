@@ -5,7 +5,6 @@ part of the file and the problem.
 from __future__ import annotations
 
 import io
-import json
 import math
 import struct
 from typing import Any
@@ -14,10 +13,8 @@ from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
 from . import _format as F
+from . import _metadata
 from ._format import ArgSlot, CodeObject, CodeObjectError, FunctionInfo, Relocation
-
-_DTYPES = {"float32": 4, "float16": 2, "int8": 1, "int32": 4}
-
 
 def _fail(msg: str) -> CodeObjectError:
     return CodeObjectError(f"code object: {msg}")
@@ -58,12 +55,27 @@ def _check_header(data: bytes) -> None:
                     f"({len(data)} bytes)")
     if not 0 < shstrndx < shnum:
         raise _fail(f"section name table index {shstrndx} is out of range")
-    for i in range(shnum):
-        (_n, typ, _fl, _a, off, size, _l, _i, _al, _es) = F.SHDR.unpack_from(
-            data, shoff + i * shentsize)
+    headers = [F.SHDR.unpack_from(data, shoff + i * shentsize) for i in range(shnum)]
+    for i, (_n, typ, _fl, _a, off, size, _l, _i, _al, _es) in enumerate(headers):
         if typ not in (F.SHT_NOBITS, F.SHT_NULL) and off + size > len(data):
             raise _fail(f"truncated ELF: section {i} [{off:#x}, +{size:#x}) runs past the "
                         f"end of the file ({len(data)} bytes)")
+    names = headers[shstrndx]
+    for i, (name_off, _t, flags, *_rest) in enumerate(headers):
+        if flags & F.SHF_COMPRESSED:
+            raise _fail(f"section {_raw_name(data, names, name_off, i)} has SHF_COMPRESSED "
+                        f"set (flags {flags:#x}): VA-1 code objects store every section "
+                        f"uncompressed")
+
+
+def _raw_name(data: bytes, strtab: tuple[int, ...], name_off: int, index: int) -> str:
+    """A section's name read by hand for an early error, or `#index` if unreadable."""
+    off, size = strtab[4], strtab[5]
+    if strtab[1] != F.SHT_STRTAB or name_off >= size:
+        return f"#{index}"
+    end = data.find(b"\0", off + name_off, off + size)
+    raw = data[off + name_off:end if end >= 0 else off + size]
+    return f"{raw.decode('utf-8', 'replace')} (#{index})"
 
 
 def _section(elf: ELFFile, name: str, typ: str) -> Any:
@@ -80,15 +92,6 @@ def _section(elf: ELFFile, name: str, typ: str) -> Any:
 
 def _meta_error(msg: str) -> CodeObjectError:
     return _fail(f"malformed metadata note: {msg}")
-
-
-def _expect(obj: Any, key: str, typ: type | tuple[type, ...], where: str) -> Any:
-    if not isinstance(obj, dict) or key not in obj:
-        raise _meta_error(f"{where}: missing {key!r}")
-    v = obj[key]
-    if not isinstance(v, typ) or (isinstance(v, bool) and typ is not bool):
-        raise _meta_error(f"{where}: {key!r} has the wrong type ({type(v).__name__})")
-    return v
 
 
 def _read_note(elf: ELFFile) -> dict[str, Any]:
@@ -113,13 +116,7 @@ def _read_note(elf: ELFFile) -> dict[str, Any]:
         if name == F.NOTE_NAME and ntype == F.NT_VA1_METADATA:
             if found is not None:
                 raise _meta_error("more than one VA-1 metadata note")
-            try:
-                obj = json.loads(data[desc_off:desc_end].decode("utf-8"))
-            except (UnicodeDecodeError, ValueError) as e:
-                raise _meta_error(f"the description is not UTF-8 JSON ({e})") from None
-            if not isinstance(obj, dict):
-                raise _meta_error("the description is not a JSON object")
-            found = obj
+            found = _metadata.parse(data[desc_off:desc_end].rstrip(b"\0"))
         pos = (desc_end + 3) // 4 * 4
     if found is None:
         raise _fail(f"metadata note missing (no note named {F.NOTE_NAME!r} of type "
@@ -219,55 +216,40 @@ def _read(buf: bytes) -> CodeObject:
 
     # -- metadata ----------------------------------------------------------------------
     meta = _read_note(elf)
-    fmt = _expect(meta, "format", int, "note")
-    if fmt != F.METADATA_FORMAT:
-        raise _meta_error(f"format {fmt} is not supported (expected {F.METADATA_FORMAT})")
-    _expect(meta, "isa_version", int, "note")
-    feats = _expect(meta, "features", list, "note")
-    if not all(isinstance(x, str) for x in feats):
-        raise _meta_error("'features' must be a list of strings")
-    mem = _expect(meta, "memory", dict, "note")
-    for key, actual in (("const", const["sh_size"]), ("workspace", bss["sh_size"]),
-                        ("args", args["sh_size"])):
-        if _expect(mem, key, int, "note memory") != actual:
-            raise _meta_error(f"memory.{key} = {mem[key]} but the section holds {actual}")
+    _metadata.check(meta, {"const": const["sh_size"], "workspace": bss["sh_size"],
+                           "args": args["sh_size"]})
+    if meta["isa_version"] != elf["e_flags"]:
+        raise _meta_error(f"isa_version {meta['isa_version']:#x} differs from the ELF "
+                          f"header's e_flags {elf['e_flags']:#x}")
     functions: list[FunctionInfo] = []
     labels = sorted((s[4], s[0]) for s in syms[1:] if s[2] == F.STT_NOTYPE
                     and s[3] == sec_index[F.TEXT] and s[1] == F.STB_LOCAL)
-    for fi, fm in enumerate(_expect(meta, "functions", list, "note")):
+    arg_symbols: dict[str, str] = {}
+    for fi, fm in enumerate(meta["functions"]):
         where = f"functions[{fi}]"
-        fname = _expect(fm, "name", str, where)
-        fsym = _expect(fm, "symbol", str, where)
+        fsym = fm["symbol"]
         if fsym not in by_name or by_name[fsym][1][2] != F.STT_FUNC:
-            raise _meta_error(f"{where}: function symbol {fsym!r} is not in .symtab")
+            raise _meta_error(f"{where}.symbol {fsym!r} is not a function in .symtab")
         _, (_, _, _, _, foff, fsize) = by_name[fsym]
-        f = FunctionInfo(fname, fsym, foff, fsize,
+        f = FunctionInfo(fm["name"], fsym, foff, fsize,
                          labels=[(o, n) for o, n in labels if foff <= o < foff + fsize])
-        for ai, am in enumerate(_expect(fm, "args", list, where)):
+        for ai, am in enumerate(fm["args"]):
             aw = f"{where}.args[{ai}]"
-            kind = _expect(am, "kind", str, aw)
-            if kind not in ("input", "output"):
-                raise _meta_error(f"{aw}: kind {kind!r} is not input or output")
-            shape = _expect(am, "shape", list, aw)
-            if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
-                       for d in shape):
-                raise _meta_error(f"{aw}: shape {shape!r} is not a list of sizes")
-            dtype = _expect(am, "dtype", str, aw)
-            if dtype not in _DTYPES:
-                raise _meta_error(f"{aw}: dtype {dtype!r} is not one of {sorted(_DTYPES)}")
-            asym = _expect(am, "symbol", str, aw)
-            if asym not in by_name or by_name[asym][1][3] != sec_index[F.ARGS]:
-                raise _meta_error(f"{aw}: argument symbol {asym!r} is not in {F.ARGS}")
+            asym, shape, dtype = am["symbol"], am["shape"], am["dtype"]
+            if asym not in by_name or by_name[asym][1][3] != sec_index[F.ARGS] or \
+                    by_name[asym][1][2] != F.STT_OBJECT:
+                raise _meta_error(f"{aw}.symbol {asym!r} is not an object in {F.ARGS}")
+            if asym in arg_symbols:
+                raise _meta_error(f"{aw}.symbol {asym!r} is also {arg_symbols[asym]}")
+            arg_symbols[asym] = aw
             _, (_, _, _, _, aoff, asize) = by_name[asym]
-            nbytes = math.prod(shape) * _DTYPES[dtype]
+            nbytes = math.prod(shape) * _metadata.DTYPE_SIZES[dtype]
             if asize != nbytes:
                 raise _meta_error(f"{aw}: symbol {asym!r} has {asize} bytes but "
                                   f"{dtype}{shape} needs {nbytes}")
-            f.args.append(ArgSlot(_expect(am, "name", str, aw), kind, tuple(shape), dtype,
-                                  asym, aoff, asize))
+            f.args.append(ArgSlot(am["name"], am["kind"], tuple(shape), dtype, asym, aoff,
+                                  asize))
         functions.append(f)
-    if not functions:
-        raise _meta_error("no functions")
     _check_commands(text_data, functions, relocs)
     consts = [(s[0], s[4], s[5]) for s in syms[1:] if s[3] == sec_index[F.CONST]
               and s[2] == F.STT_OBJECT]

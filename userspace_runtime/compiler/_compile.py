@@ -141,6 +141,16 @@ def canonicalize(g: Graph) -> int:
     return changed
 
 
+def _check_fits(g: Graph, target: Target) -> None:
+    """Every tensor fits the target's device memory, checked before any pass runs (a
+    pass or the tiler would otherwise spend hours and gigabytes on an impossible one)."""
+    for v in g.values():
+        if v.nbytes > target.device_memory_size:
+            raise GraphError(f"graph {g.name}: tensor {v.name!r} ({v.dtype}"
+                             f"{list(v.shape)}) is {v.nbytes} bytes, more than the target's "
+                             f"device memory ({target.device_memory_size} bytes)")
+
+
 def compile_graph(graph: Graph, target: Target | None = None,
                   options: CompileOptions | None = None) -> CompileResult:
     """Run the passes on a copy of `graph`, lower it for `target` and write the ELF."""
@@ -151,6 +161,7 @@ def compile_graph(graph: Graph, target: Target | None = None,
     g = copy.deepcopy(graph)
     report: dict[str, int] = {}
     infer_shapes(g)
+    _check_fits(g, target)
     if opts.fold_constants:
         report["fold_constants"] = fold_constants(g)
     report["dce"] = eliminate_dead_code(g)
@@ -187,6 +198,13 @@ def compile_graph(graph: Graph, target: Target | None = None,
             args.append(co.ArgSlot(v.name, kind, v.shape, v.dtype, sym, offset, v.nbytes))
             offset += (v.nbytes + 63) // 64 * 64
     low = lower(g, target, arg_symbols)
+    args_bytes = max((a.offset + a.nbytes for a in args), default=0)
+    total = len(low.const) + low.workspace_size + args_bytes
+    if total > target.device_memory_size:
+        raise LoweringError(f"graph {graph.name}: the code object needs {total} bytes of "
+                            f"device memory ({len(low.const)} constants, "
+                            f"{low.workspace_size} workspace, {args_bytes} arguments), the "
+                            f"target has {target.device_memory_size}")
     features = sorted({"int8"} if any(v.dtype == "int8" for v in g.values()) else set())
     fn = co.FunctionInfo(opts.function_name, fname, 0, len(low.text), args,
                          [(o, f"{fname}:{n}") for o, n in low.labels])

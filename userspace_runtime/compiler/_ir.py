@@ -13,10 +13,13 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from hwspec import va1
+
 from .._errors import UserspaceRuntimeError
 from . import _ops
 
 DTYPES = ("float32", "float16", "int8", "int32")
+MAX_RANK = 32   # the code-object reader's limit on an argument's dimensions
 
 
 class GraphError(UserspaceRuntimeError, ValueError):
@@ -110,6 +113,7 @@ class Graph:
             raise GraphError(f"input name {name!r} is already used")
         self._names.add(name)
         v = Value(name, shp, as_dtype_name(dtype))
+        _check_fits(v, f"input {name!r}")
         self.inputs.append(v)
         return v
 
@@ -166,7 +170,9 @@ class Graph:
                 else f"{node.name}_out"
             nm = base if out_names and base not in self._names else self.unique(base)
             self._names.add(nm)
-            node.outputs.append(Value(nm, tuple(shape), dtype, producer=node))
+            out = Value(nm, tuple(shape), dtype, producer=node)
+            _check_fits(out, f"node {node.name} ({op}): output {nm!r}")
+            node.outputs.append(out)
         self.nodes.append(node)
         return node.outputs
 
@@ -291,4 +297,17 @@ def _shape(shape: Sequence[int], what: str) -> tuple[int, ...]:
         raise GraphError(f"{what}: shape {shape!r} is not a sequence of ints") from None
     if any(d <= 0 for d in dims):
         raise GraphError(f"{what}: shape {dims} has a dimension < 1")
+    if len(dims) > MAX_RANK:
+        raise GraphError(f"{what}: shape has {len(dims)} dimensions (at most {MAX_RANK})")
     return dims
+
+
+def _check_fits(v: Value, what: str) -> None:
+    """No VA-1 could hold `v`: refuse it now, before passes and tiling work on it (a
+    2**40-element tensor would otherwise take hours and gigabytes to compile)."""
+    if len(v.shape) > MAX_RANK:
+        raise GraphError(f"{what}: shape has {len(v.shape)} dimensions (at most {MAX_RANK})")
+    if v.nbytes > va1.MAX_DEVICE_MEMORY_SIZE:
+        raise GraphError(f"{what}: {v.dtype}{list(v.shape)} is {v.nbytes} bytes, more than "
+                         f"any VA-1's device memory ({va1.MAX_DEVICE_MEMORY_SIZE} bytes at "
+                         f"most)")

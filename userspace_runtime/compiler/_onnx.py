@@ -7,7 +7,8 @@ operator and the node.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+import math
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -31,9 +32,19 @@ STATIC_OPERANDS: dict[str, tuple[int, ...]] = {
 }
 
 
-def _op(name: str) -> Callable[[_Handler], _Handler]:
+# What each handler takes, checked once for every node before its handler runs:
+# (fewest inputs, most inputs, attributes it reads). A trailing optional input may be
+# absent or "" and reaches the handler as None; any other attribute is refused rather
+# than ignored (an older opset's `broadcast`/`axis` on Add changes the meaning).
+_Sig = tuple[int, int, frozenset[str]]
+SIGNATURES: dict[str, _Sig] = {}
+
+
+def _op(name: str, inputs: tuple[int, int], attrs: tuple[str, ...] = ()
+        ) -> Callable[[_Handler], _Handler]:
     def deco(fn: _Handler) -> _Handler:
         _HANDLERS[name] = fn
+        SIGNATURES[name] = (inputs[0], inputs[1], frozenset(attrs))
         return fn
     return deco
 
@@ -48,6 +59,35 @@ def _attrs(node: onnx.NodeProto) -> dict[str, Any]:
 
 _ONNX_DTYPES = {onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.FLOAT16: np.float16,
                 onnx.TensorProto.INT8: np.int8, onnx.TensorProto.INT32: np.int32}
+
+
+def _elem_name(code: int) -> str:
+    """An ONNX element type's name, also for a number onnx does not know."""
+    try:
+        return str(onnx.TensorProto.DataType.Name(code))
+    except ValueError:
+        return f"{code} (not an ONNX element type)"
+
+
+def _to_array(t: onnx.TensorProto, what: str) -> np.ndarray:
+    """numpy_helper.to_array, with an error naming the tensor when its data is broken."""
+    if t.data_type not in onnx.TensorProto.DataType.values():
+        raise OnnxImportError(f"{what}: element type {_elem_name(t.data_type)}")
+    try:
+        arr: np.ndarray = numpy_helper.to_array(t)
+    except (ValueError, TypeError, KeyError, AssertionError, OverflowError) as e:
+        raise OnnxImportError(f"{what}: its data cannot be read as "
+                              f"{_elem_name(t.data_type)}{list(t.dims)} ({e})") from None
+    return arr
+
+
+def check_model(model: onnx.ModelProto) -> None:
+    """onnx.checker.check_model, its refusal as a one-line OnnxImportError."""
+    try:
+        onnx.checker.check_model(model)
+    except (onnx.checker.ValidationError, ValueError) as e:
+        raise OnnxImportError(f"the ONNX checker rejects the model: "
+                              f"{' '.join(str(e).split())}") from None
 
 
 class _Importer:
@@ -74,26 +114,34 @@ class _Importer:
     def run(self) -> Graph:
         graph = self.model.graph
         for init in graph.initializer:
-            arr = numpy_helper.to_array(init)
-            self.env[init.name] = self.constant(arr, init.name)
+            what = f"initializer {init.name!r}"
+            try:
+                self.env[init.name] = self.constant(_to_array(init, what), init.name)
+            except GraphError as e:
+                raise OnnxImportError(f"{what}: {e}") from None
         for vi in graph.input:
             if vi.name in self.env:
+                self._check_initializer(vi)
                 continue
             if vi.name in self.static:
                 self.env[vi.name] = self.constant(self.static[vi.name], vi.name)
                 continue
             t = vi.type.tensor_type
             if t.elem_type not in _ONNX_DTYPES:
-                raise OnnxImportError(f"input {vi.name}: element type "
-                                      f"{onnx.TensorProto.DataType.Name(t.elem_type)} is not "
-                                      f"supported")
+                raise OnnxImportError(f"input {vi.name!r}: element type "
+                                      f"{_elem_name(t.elem_type)} is not supported (one of "
+                                      f"{', '.join(map(_elem_name, _ONNX_DTYPES))})")
             dims = []
-            for d in t.shape.dim:
+            for i, d in enumerate(t.shape.dim):
                 if not d.HasField("dim_value") or d.dim_value <= 0:
-                    raise OnnxImportError(f"input {vi.name}: dimension {d.dim_param or '?'} "
-                                          f"is not static (the compiler needs fixed shapes)")
+                    raise OnnxImportError(f"input {vi.name!r}: dimension {i} "
+                                          f"({d.dim_param or d.dim_value or '?'}) is not "
+                                          f"static (the compiler needs fixed shapes >= 1)")
                 dims.append(d.dim_value)
-            self.env[vi.name] = self.g.input(vi.name, dims, _ONNX_DTYPES[t.elem_type])
+            try:
+                self.env[vi.name] = self.g.input(vi.name, dims, _ONNX_DTYPES[t.elem_type])
+            except GraphError as e:
+                raise OnnxImportError(str(e)) from None
         for node in graph.node:
             self.node = node
             if node.domain not in ("", "ai.onnx"):
@@ -102,14 +150,7 @@ class _Importer:
             if h is None:
                 raise self.fail(f"operator {node.op_type} is not supported by the VA-1 "
                                 f"compiler (supported: {', '.join(supported_ops())})")
-            ins: list[Value | None] = []
-            for name in node.input:
-                if name == "":
-                    ins.append(None)
-                elif name not in self.env:
-                    raise self.fail(f"input {name!r} is not defined")
-                else:
-                    ins.append(self.env[name])
+            ins = self._operands(node)
             try:
                 outs = h(self, node, ins)
             except OnnxImportError:
@@ -137,6 +178,54 @@ class _Importer:
             self.g.output(v, names=[vo.name])
         return self.g
 
+    def _operands(self, node: onnx.NodeProto) -> list[Value | None]:
+        """The node's operands, padded with None to the op's most inputs, after the
+        checks every handler relies on: input count, required inputs present, every
+        attribute one the handler reads."""
+        lo, hi, known = SIGNATURES[node.op_type]
+        n = len(node.input)
+        if not lo <= n <= hi:
+            want = f"{lo}" if lo == hi else f"{lo} to {hi}"
+            raise self.fail(f"has {n} input(s), {node.op_type} takes {want}")
+        for i, name in enumerate(node.input[:lo]):
+            if name == "":
+                raise self.fail(f"input {i} is required but empty")
+        for a in node.attribute:
+            if a.name not in known:
+                raise self.fail(f"attribute {a.name!r} is not supported (the VA-1 compiler's "
+                                f"{node.op_type} takes "
+                                f"{', '.join(sorted(known)) or 'no attributes'})")
+        ins: list[Value | None] = []
+        for name in node.input:
+            if name == "":
+                ins.append(None)
+            elif name not in self.env:
+                raise self.fail(f"input {name!r} is not defined")
+            else:
+                ins.append(self.env[name])
+        return ins + [None] * (hi - n)
+
+    def _check_initializer(self, vi: onnx.ValueInfoProto) -> None:
+        """A graph input with an initializer (its default value) must be declared with
+        the initializer's element type and shape."""
+        init = next(i for i in self.model.graph.initializer if i.name == vi.name)
+        if not vi.type.HasField("tensor_type"):
+            raise OnnxImportError(f"input {vi.name!r}: has an initializer but is not "
+                                  f"declared as a tensor")
+        t = vi.type.tensor_type
+        if t.elem_type != init.data_type:
+            raise OnnxImportError(f"input {vi.name!r}: declared "
+                                  f"{_elem_name(t.elem_type)}, its initializer is "
+                                  f"{_elem_name(init.data_type)}")
+        if t.HasField("shape"):
+            dims = [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim]
+            have = list(init.dims)
+            if len(dims) != len(have) or any(d is not None and d != h
+                                             for d, h in zip(dims, have)):
+                shown = ["?" if d is None else d for d in dims]
+                raise OnnxImportError(f"input {vi.name!r}: declared shape {shown}, its "
+                                      f"initializer has shape {have}")
+
     def constant(self, arr: np.ndarray, name: str) -> Value:
         if arr.dtype == np.float64:
             arr = arr.astype(np.float32)
@@ -154,11 +243,11 @@ def _float_act(op: str) -> _Handler:
     return h
 
 
-_op("Relu")(_float_act("relu"))
-_op("Sigmoid")(_float_act("sigmoid"))
+_op("Relu", (1, 1))(_float_act("relu"))
+_op("Sigmoid", (1, 1))(_float_act("sigmoid"))
 
 
-@_op("Gelu")
+@_op("Gelu", (1, 1), ("approximate",))
 def _gelu(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value]:
     approx = _attrs(n).get("approximate", b"none")
     approx = approx.decode() if isinstance(approx, bytes) else approx
@@ -171,18 +260,18 @@ def _binary(op: str) -> _Handler:
     return h
 
 
-_op("Add")(_binary("add"))
-_op("Sub")(_binary("sub"))
-_op("Mul")(_binary("mul"))
-_op("Div")(_binary("div"))
+_op("Add", (2, 2))(_binary("add"))
+_op("Sub", (2, 2))(_binary("sub"))
+_op("Mul", (2, 2))(_binary("mul"))
+_op("Div", (2, 2))(_binary("div"))
 
 
-@_op("MatMul")
+@_op("MatMul", (2, 2))
 def _matmul(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value]:
     return [im.g.matmul(x[0], x[1], name=n.name or None)]  # type: ignore[arg-type]
 
 
-@_op("Gemm")
+@_op("Gemm", (2, 3), ("alpha", "beta", "transA", "transB"))
 def _gemm(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value]:
     a = _attrs(n)
     bias = x[2] if len(x) > 2 else None
@@ -191,20 +280,45 @@ def _gemm(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value
                       beta=a.get("beta", 1.0), name=n.name or None)]
 
 
-@_op("Conv")
+def _ints(im: _Importer, a: dict[str, Any], key: str, default: Sequence[int], count: int,
+          least: int) -> tuple[int, ...]:
+    """Attribute `key` as `count` ints each >= `least` (the default when absent)."""
+    v = a.get(key, default)
+    vals = (v,) if isinstance(v, int) else tuple(v)
+    if len(vals) != count or any(not isinstance(i, int) or i < least for i in vals):
+        raise im.fail(f"attribute {key} {list(vals)}: needs {count} integer(s), each "
+                      f">= {least}")
+    return tuple(vals)
+
+
+@_op("Conv", (2, 3),
+     ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"))
 def _conv(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value]:
     a = _attrs(n)
     inp, w = x[0], x[1]
     assert inp is not None and w is not None
-    if len(inp.shape) != 4:
-        raise im.fail(f"only 2-D convolution (NCHW input) is supported, the input is "
-                      f"{list(inp.shape)}")
-    kh, kw = a.get("kernel_shape", w.shape[2:])
-    strides = tuple(a.get("strides", (1, 1)))
-    dil = tuple(a.get("dilations", (1, 1)))
-    pads = tuple(a.get("pads", (0, 0, 0, 0)))
+    if len(inp.shape) != 4 or len(w.shape) != 4:
+        raise im.fail(f"only 2-D convolution (NCHW input, OIHW weights) is supported, the "
+                      f"input is {list(inp.shape)} and the weights {list(w.shape)}")
+    kh, kw = _ints(im, a, "kernel_shape", w.shape[2:], 2, 1)
+    if (kh, kw) != w.shape[2:]:
+        raise im.fail(f"attribute kernel_shape {[kh, kw]} differs from the weights' "
+                      f"{list(w.shape[2:])}")
+    strides = _ints(im, a, "strides", (1, 1), 2, 1)
+    dil = _ints(im, a, "dilations", (1, 1), 2, 1)
+    pads = _ints(im, a, "pads", (0, 0, 0, 0), 4, 0)
+    group = _ints(im, a, "group", (1,), 1, 1)[0]
+    c_in, c_out = inp.shape[1], w.shape[0]
+    if c_in % group or c_out % group or w.shape[1] * group != c_in:
+        raise im.fail(f"attribute group {group}: the input has {c_in} channels and the "
+                      f"weights {list(w.shape)} ({c_out} outputs, {w.shape[1]} channels "
+                      f"per group); group must divide both and channels per group x group "
+                      f"must equal {c_in}")
     auto = a.get("auto_pad", b"NOTSET")
     auto = auto.decode() if isinstance(auto, bytes) else auto
+    if auto not in ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"):
+        raise im.fail(f"attribute auto_pad {auto!r} is not NOTSET, SAME_UPPER, SAME_LOWER "
+                      f"or VALID")
     if auto in ("SAME_UPPER", "SAME_LOWER"):
         pads_hw = []
         for d, k, s, dl in zip(inp.shape[2:], (kh, kw), strides, dil):
@@ -217,28 +331,46 @@ def _conv(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value
         pads = (0, 0, 0, 0)
     # ONNX pads: [h_begin, w_begin, h_end, w_end] == (top, left, bottom, right)
     return [im.g.conv2d(inp, w, x[2] if len(x) > 2 else None, stride=strides, padding=pads,
-                        dilation=dil, groups=int(a.get("group", 1)), name=n.name or None)]
+                        dilation=dil, groups=group, name=n.name or None)]
 
 
-@_op("Softmax")
+def _axis(im: _Importer, axis: int, rank: int, end: bool = False) -> int:
+    """`axis` in [-rank, rank) (or [-rank, rank] with `end`), made non-negative."""
+    hi = rank + 1 if end else rank
+    if not -rank <= axis < hi:
+        raise im.fail(f"attribute axis {axis} is out of range for an input of rank {rank}")
+    return axis + rank if axis < 0 else axis
+
+
+def _finite(im: _Importer, a: dict[str, Any], key: str, default: float) -> float:
+    v = float(a.get(key, default))
+    if not math.isfinite(v) or v < 0:
+        raise im.fail(f"attribute {key} {v} must be finite and >= 0")
+    return v
+
+
+@_op("Softmax", (1, 1), ("axis",))
 def _softmax(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value]:
     inp = x[0]
     assert inp is not None
     axis = int(_attrs(n).get("axis", -1 if im.opset >= 13 else 1))
     if im.opset >= 13:
         return [im.g.softmax(inp, axis, name=n.name or None)]
-    ax = axis % len(inp.shape)
+    ax = _axis(im, axis, len(inp.shape))
     rows = int(np.prod(inp.shape[:ax]))
     flat = im.g.reshape(inp, (rows, -1))
     return [im.g.reshape(im.g.softmax(flat, -1), inp.shape, name=n.name or None)]
 
 
-@_op("LayerNormalization")
+@_op("LayerNormalization", (2, 3), ("axis", "epsilon", "stash_type"))
 def _layernorm(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value]:
     a = _attrs(n)
     inp = x[0]
     assert inp is not None
-    axis, eps = int(a.get("axis", -1)), float(a.get("epsilon", 1e-5))
+    if a.get("stash_type", 1) != onnx.TensorProto.FLOAT:
+        raise im.fail(f"attribute stash_type {a['stash_type']}: only 1 (float32) is "
+                      f"supported")
+    axis, eps = int(a.get("axis", -1)), _finite(im, a, "epsilon", 1e-5)
     y = im.g.layernorm(inp, x[1], x[2] if len(x) > 2 else None, axis=axis, epsilon=eps,
                        name=n.name or None)
     if len(n.output) < 2 or not any(n.output[1:]):
@@ -257,7 +389,7 @@ def _layernorm(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[
     return [y, mean, g.add_node("div", [num, den])[0]]
 
 
-@_op("BatchNormalization")
+@_op("BatchNormalization", (5, 5), ("epsilon", "momentum", "training_mode"))
 def _bn(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value]:
     a = _attrs(n)
     if a.get("training_mode", 0):
@@ -265,10 +397,10 @@ def _bn(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value]:
     for i, what in enumerate(("scale", "B", "input_mean", "input_var"), 1):
         im.const(x[i], what)
     return [im.g.batchnorm(x[0], x[1], x[2], x[3], x[4],  # type: ignore[arg-type]
-                           epsilon=float(a.get("epsilon", 1e-5)), name=n.name or None)]
+                           epsilon=_finite(im, a, "epsilon", 1e-5), name=n.name or None)]
 
 
-@_op("Reshape")
+@_op("Reshape", (2, 2), ("allowzero",))
 def _reshape(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value]:
     shape = im.const(x[1], "the shape operand").astype(np.int64).tolist()
     inp = x[0]
@@ -278,24 +410,23 @@ def _reshape(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Va
     return [im.g.reshape(inp, shape, name=n.name or None)]
 
 
-@_op("Flatten")
+@_op("Flatten", (1, 1), ("axis",))
 def _flatten(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value]:
     inp = x[0]
     assert inp is not None
-    ax = int(_attrs(n).get("axis", 1))
-    ax = ax + len(inp.shape) if ax < 0 else ax
+    ax = _axis(im, int(_attrs(n).get("axis", 1)), len(inp.shape), end=True)
     rows = int(np.prod(inp.shape[:ax]))
     return [im.g.reshape(inp, (rows, -1), name=n.name or None)]
 
 
-@_op("Identity")
+@_op("Identity", (1, 1))
 def _identity(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value]:
     inp = x[0]
     assert inp is not None
     return [im.g.reshape(inp, inp.shape, name=n.name or None)]
 
 
-@_op("Transpose")
+@_op("Transpose", (1, 1), ("perm",))
 def _transpose(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value]:
     perm = _attrs(n).get("perm")
     return [im.g.transpose(x[0], None if perm is None else list(perm),  # type: ignore[arg-type]
@@ -321,10 +452,11 @@ def _reduce(op: str) -> _Handler:
     return h
 
 
-_op("ReduceSum")(_reduce("sum"))
-_op("ReduceMean")(_reduce("mean"))
-_op("ReduceMax")(_reduce("max"))
-_op("ReduceMin")(_reduce("min"))
+_REDUCE_ATTRS = ("axes", "keepdims", "noop_with_empty_axes")
+_op("ReduceSum", (1, 2), _REDUCE_ATTRS)(_reduce("sum"))
+_op("ReduceMean", (1, 2), _REDUCE_ATTRS)(_reduce("mean"))
+_op("ReduceMax", (1, 2), _REDUCE_ATTRS)(_reduce("max"))
+_op("ReduceMin", (1, 2), _REDUCE_ATTRS)(_reduce("min"))
 
 
 def _axes_operand(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[int] | None:
@@ -334,7 +466,7 @@ def _axes_operand(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> li
     return None if a is None else [int(v) for v in a]
 
 
-@_op("Squeeze")
+@_op("Squeeze", (1, 2), ("axes",))
 def _squeeze(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value]:
     inp = x[0]
     assert inp is not None
@@ -351,7 +483,7 @@ def _squeeze(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Va
     return [im.g.reshape(inp, shape, name=n.name or None)]
 
 
-@_op("Unsqueeze")
+@_op("Unsqueeze", (1, 2), ("axes",))
 def _unsqueeze(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value]:
     inp = x[0]
     assert inp is not None
@@ -382,17 +514,23 @@ def _qparams(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> tuple[f
                                           and x[2].dtype == "int32"):
             raise im.fail(f"zero point of type {x[2].dtype} (int8 only)")
         zp = int(zpa.reshape(-1)[0])
-    elif n.op_type == "QuantizeLinear" and "output_dtype" in a and a["output_dtype"] != \
-            onnx.TensorProto.INT8:
-        raise im.fail("only int8 output is supported")
-    elif n.op_type == "QuantizeLinear":
+    elif n.op_type == "QuantizeLinear" and a.get("output_dtype", 0) == 0:
         raise im.fail("QuantizeLinear without a zero point means uint8 (not supported)")
+    out = a.get("output_dtype", 0)
+    want = onnx.TensorProto.INT8 if n.op_type == "QuantizeLinear" else onnx.TensorProto.FLOAT
+    if out not in (0, want):
+        raise im.fail(f"attribute output_dtype {_elem_name(out)}: only "
+                      f"{_elem_name(want)} is supported")
+    if a.get("precision", 0) not in (0, onnx.TensorProto.FLOAT):
+        raise im.fail(f"attribute precision {_elem_name(a['precision'])}: only FLOAT is "
+                      f"supported")
     if a.get("block_size", 0):
         raise im.fail("blocked quantization is not supported")
     return float(scale.reshape(-1)[0]), zp
 
 
-@_op("QuantizeLinear")
+@_op("QuantizeLinear", (2, 3),
+     ("axis", "block_size", "output_dtype", "precision", "saturate"))
 def _quantize(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value]:
     scale, zp = _qparams(im, n, x)
     inp = x[0]
@@ -402,7 +540,7 @@ def _quantize(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[V
     return [im.g.quantize(inp, scale, zp, name=n.name or None)]
 
 
-@_op("DequantizeLinear")
+@_op("DequantizeLinear", (2, 3), ("axis", "block_size", "output_dtype"))
 def _dequantize(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value]:
     scale, zp = _qparams(im, n, x)
     if x[1] is not None and x[1].dtype != "float32":
@@ -410,23 +548,31 @@ def _dequantize(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list
     return [im.g.dequantize(x[0], scale, zp, name=n.name or None)]  # type: ignore[arg-type]
 
 
-@_op("Constant")
+@_op("Constant", (0, 0), ("value",))
 def _constant(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value]:
     a = _attrs(n)
     if "value" not in a:
         raise im.fail(f"only the 'value' form is supported (got {sorted(a)})")
-    return [im.constant(numpy_helper.to_array(a["value"]), n.output[0])]
+    try:
+        return [im.constant(_to_array(a["value"], "the value"), n.output[0])]
+    except GraphError as e:
+        raise im.fail(str(e)) from None
 
 
 def import_model(model: onnx.ModelProto | bytes | str,
                  static_inputs: Mapping[str, Any] | None = None) -> Graph:
     """An ONNX model (proto, serialized bytes or a path) as a Graph."""
-    if isinstance(model, (bytes, bytearray)):
-        model = onnx.load_model_from_string(bytes(model))
-    elif isinstance(model, str):
-        model = onnx.load(model)
+    from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
+    try:
+        if isinstance(model, (bytes, bytearray)):
+            model = onnx.load_model_from_string(bytes(model))
+        elif isinstance(model, str):
+            model = onnx.load(model)
+    except DecodeError as e:
+        raise OnnxImportError(f"not an ONNX model (protobuf: {e})") from None
     if not isinstance(model, onnx.ModelProto):
         raise OnnxImportError(f"not an ONNX model: {type(model).__name__}")
+    check_model(model)
     return _Importer(model, static_inputs or {}).run()
 
 
