@@ -14,6 +14,10 @@ its file in flight when it is freed, listed in `handles` or not: any of them may
 it through the mapping, and its memory must not go to another file before they end. The unmaps of a deferred free run in task context: the interrupt
 handler that drops the last use queues them on the device (`run_deferred`), and every
 ioctl runs that queue first and last.
+
+SUBMIT checks every host address of the command buffer against the file's own HOST
+buffers and hands the device a checked copy (`cmdcheck`); BO_CREATE zeroes the part of
+a new DEVICE buffer that an earlier owner left dirty (`devmem`, `VA1Device.scrub`).
 """
 from __future__ import annotations
 
