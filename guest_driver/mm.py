@@ -64,12 +64,17 @@ class RangeAllocator:
         self._free_ends[i:i + 1] = [e for _, e in pieces]
 
     def free(self, addr: int) -> None:
+        """Give a range back; the part of it past the end (after a shrink) is dropped."""
         size = self._allocated.pop(addr, None)
         if size is None:
             raise ValueError(f"{self.name}: free of {addr:#x}, which is not allocated")
-        end = addr + size
+        self._add_free(addr, min(addr + size, self.base + self.size))
+
+    def _add_free(self, addr: int, end: int) -> None:
+        """Insert [addr, end) into the free list, merged with adjacent free ranges."""
+        if end <= addr:
+            return
         i = bisect.bisect_left(self._free_starts, addr)
-        # merge with the previous and next free ranges when adjacent
         if i > 0 and self._free_ends[i - 1] == addr:
             i -= 1
             addr = self._free_starts[i]
@@ -81,6 +86,29 @@ class RangeAllocator:
             del self._free_ends[i]
         self._free_starts.insert(i, addr)
         self._free_ends.insert(i, end)
+
+    def resize(self, size: int) -> None:
+        """Follow a new size of the range. Growing frees what no allocation covers;
+        shrinking drops free space past the new end. Allocations that reach past it stay
+        allocated (their owners still hold them); only their part below the end comes
+        back when they are freed."""
+        if size < 0:
+            raise ValueError(f"{self.name}: bad size {size:#x}")
+        old_end, new_end = self.base + self.size, self.base + size
+        self.size = size
+        if new_end > old_end:
+            lo = old_end
+            for a, n in sorted(self._allocated.items()):
+                if a + n <= lo or a >= new_end:
+                    continue
+                self._add_free(lo, a)
+                lo = max(lo, a + n)
+            self._add_free(lo, new_end)
+            return
+        keep = [(s, min(e, new_end)) for s, e in zip(self._free_starts, self._free_ends)
+                if s < new_end]
+        self._free_starts = [s for s, _ in keep]
+        self._free_ends = [e for _, e in keep]
 
     def size_of(self, addr: int) -> int:
         return self._allocated[addr]

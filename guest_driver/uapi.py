@@ -47,6 +47,8 @@ struct drm_va1_submit {
     uint32_t cmdbuf_offset;
     uint32_t cmdbuf_size;
     uint32_t buffer_count;   /* handles[] the commands use; kept alive until the fence */
+                             /* every host IOVA a command names must lie in one HOST
+                                buffer of this file, else EFAULT (docs/driver.md) */
     uint32_t handles[64];
     uint64_t fence_seq;      /* out */
 };

@@ -14,9 +14,14 @@ its file in flight when it is freed, listed in `handles` or not: any of them may
 it through the mapping, and its memory must not go to another file before they end. The unmaps of a deferred free run in task context: the interrupt
 handler that drops the last use queues them on the device (`run_deferred`), and every
 ioctl runs that queue first and last.
+
+SUBMIT checks every host address of the command buffer against the file's own HOST
+buffers and hands the device a checked copy (`cmdcheck`); BO_CREATE zeroes the part of
+a new DEVICE buffer that an earlier owner left dirty (`devmem`, `VA1Device.scrub`).
 """
 from __future__ import annotations
 
+import bisect
 import errno
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -27,6 +32,7 @@ from hwspec import va1 as A
 
 from .. import uapi as U
 from ..mm import AllocError, PAGE_SIZE, align_up
+from .cmdcheck import check_cmdbuf
 from .driver import Context, VA1Device, VA1Error
 from .fence import Fence
 
@@ -176,6 +182,7 @@ class VA1File:
         if flags == U.BO_DEVICE:
             assert self.dev.devmem is not None
             bo.map_size = self.dev.devmem.mapped_size(addr)
+            self._scrub(bo)
             done: list[Context] = []
             try:
                 for ctx in list(self._contexts.values()):
@@ -192,6 +199,25 @@ class VA1File:
         self._bos[handle] = bo
         a.handle = handle
         a.addr = addr
+
+    def _scrub(self, bo: BufferObject) -> None:
+        """Zero what an earlier owner left in the new buffer's memory (its dirty part;
+        see devmem) before anyone can map it; on failure the memory goes back, still
+        dirty, and BO_CREATE fails."""
+        devmem = self.dev.devmem
+        assert devmem is not None
+        dirty = devmem.dirty_in(bo.addr, bo.map_size)
+        if not dirty:
+            return
+        try:
+            self.dev.scrub(dirty)
+        except (VA1Error, AllocError) as e:
+            devmem.free(bo.addr)
+            if isinstance(e, AllocError):
+                raise _err(errno.ENOMEM, f"BO_CREATE: no guest RAM to scrub device memory: "
+                                         f"{e}") from None
+            raise _err(e.errno or errno.EIO, f"BO_CREATE: {e}") from None
+        devmem.mark_clean(dirty)
 
     # ------------------------------------------------------------------ address spaces
     def _map(self, ctx: Context, bo: BufferObject) -> bool:
@@ -326,18 +352,31 @@ class VA1File:
         bos = [cmd] + [self._bo(int(a.handles[i])) for i in range(count)]
         self.dev.check_alive()
         self.dev.check_ctx(ctx)
+        mem = self.dev.kernel.memory
+        checked = check_cmdbuf(mem.read(cmd.addr + off, size), self._host_owner(), mem.read,
+                               max_size, self.dev.config["max_call_depth"])
+        listed = {id(b) for b in bos}
+        bos += [b for b in checked.used if id(b) not in listed]  # pinned until the fence
+        try:
+            shadow = self.dev.alloc.alloc_dma(checked.size, 64)
+        except AllocError as e:
+            raise _err(errno.ENOMEM, f"SUBMIT: no guest RAM for the driver's copy of the "
+                                     f"command buffer ({checked.size} bytes): {e}") from None
+        mem.write(shadow, checked.image(shadow))
         for bo in bos:
             bo.busy += 1
 
         def done(fence: Fence) -> None:
             self._in_flight.pop(id(fence), None)
+            self.dev.alloc.free(shadow)
             for b in bos:
                 b.busy -= 1
                 if b.busy == 0 and b.free_pending:
                     self._last_use_done(b)
         try:
-            fence = self.dev.submit(ctx, int(a.queue), cmd.addr + off, size, on_done=done)
+            fence = self.dev.submit(ctx, int(a.queue), shadow, size, on_done=done)
         except BaseException:
+            self.dev.alloc.free(shadow)
             for bo in bos:
                 bo.busy -= 1
                 if bo.busy == 0 and bo.free_pending:
@@ -346,6 +385,19 @@ class VA1File:
         if not fence.signalled:
             self._in_flight[id(fence)] = fence
         a.fence_seq = fence.seq
+
+    def _host_owner(self) -> Callable[[int, int], BufferObject | None]:
+        """`owner(addr, size)`: this file's HOST buffer holding [addr, addr+size)."""
+        hosts = sorted((b.addr, b.addr + b.size, b) for b in self._bos.values()
+                       if b.flags == U.BO_HOST)
+        starts = [h[0] for h in hosts]
+
+        def owner(addr: int, size: int) -> BufferObject | None:
+            i = bisect.bisect_right(starts, addr) - 1
+            if i >= 0 and addr + size <= hosts[i][1]:
+                return hosts[i][2]
+            return None
+        return owner
 
     def _wait(self, a: Any) -> None:
         if a.pad != 0:

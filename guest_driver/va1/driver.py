@@ -27,6 +27,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence, Union
 
+from hwspec import isa
 from hwspec import va1 as A
 from hwspec import virtio as V
 from hwspec.layout import Layout
@@ -175,6 +176,12 @@ class VA1Device:
         self.ctx_as: bool | None = None
         self._flat_flag = CTX_CREATE_FLAT  # 0 once the device refused the flag
         self.deferred: list[Callable[[], None]] = []  # task-context work queued by IRQs
+        # Device context ids destroyed while work of theirs may still complete: not
+        # handed to anyone until every fence of the old context is signalled (a late
+        # fault would otherwise mark the id's new owner faulted). id -> old context.
+        self._quarantine: dict[int, Context] = {}
+        self._held: dict[int, Context] = {}   # quarantined ids the device gave out again
+        self._kctx: Context | None = None     # the driver's own (FLAT) context: scrubs
 
     # ================================================================== bring-up
     def probe(self) -> None:
@@ -189,7 +196,8 @@ class VA1Device:
         except (TransportError, AllocError, ValueError) as e:
             self._give_up()
             raise ProbeError(f"{self.name}: {e}") from e
-        self.devmem = DeviceMemory(self.config["device_memory_size"])
+        if self.devmem is None:
+            self.devmem = DeviceMemory(self.config["device_memory_size"])
 
     def _give_up(self) -> None:
         """Stop the device's DMA (reset) before giving its rings back, then mark FAILED."""
@@ -234,7 +242,7 @@ class VA1Device:
             raise TransportError(f"config max_cmdbuf_size={cfg['max_cmdbuf_size']} < 8")
         if self.config and cfg["num_submit_queues"] != self.config["num_submit_queues"]:
             raise TransportError("num_submit_queues changed across a reset")
-        self.config = cfg
+        self._set_config(cfg)
         rings = ring_features(self.features)
         plan = [(A.CONTROLQ, CTRL_QUEUE_SIZE, CTRL_REQ_MAX + CTRL_RESP_MAX),
                 (A.EVENTQ, EVENT_QUEUE_SIZE, A.EVENT.size)]
@@ -446,11 +454,20 @@ class VA1Device:
             self.recover(f"device set DEVICE_NEEDS_RESET (status {status:#x})")
             return
         try:
-            self.config = self.transport.read_config(A.CONFIG)
+            self._set_config(self.transport.read_config(A.CONFIG))
         except TransportError as e:
             self.recover(str(e))
             return
         self._trace("config_change", generation=self.transport.config_generation())
+
+    def _set_config(self, cfg: dict[str, int]) -> None:
+        """Take a (re-)read configuration; the device-memory allocator follows its size
+        (a VF resized by its PF), so GET_PARAM and BO_CREATE always agree."""
+        self.config = cfg
+        size = cfg["device_memory_size"]
+        if self.devmem is not None and self.devmem.size != size:
+            self._trace("devmem_resize", old=self.devmem.size, new=size)
+            self.devmem.resize(size)
 
     def _reap_all(self) -> None:
         gen = self.generation
@@ -526,7 +543,7 @@ class VA1Device:
         if ev["type"] != A.EventType.CONTEXT_FAULT:
             self._trace("event_unknown", type=ev["type"])
             return
-        ctx = self._contexts.get(ev["context_id"])
+        ctx = self._contexts.get(ev["context_id"]) or self._quarantine.get(ev["context_id"])
         self._trace("context_fault", device_context=ev["context_id"],
                     context=ctx.uid if ctx else 0, fence=ev["fence_seq"], status=ev["status"])
         if ctx is not None and not ctx.faulted:
@@ -586,6 +603,9 @@ class VA1Device:
             ctx.lost = True
             ctx.mappings.clear()
         self._contexts = {}
+        self._quarantine.clear()   # the reset destroyed every context and stopped its DMA
+        self._held.clear()
+        self._kctx = None
         for sub in aborted:
             sub.ctx.timeline.signal(sub.fence, A.Status.ABORTED)
 
@@ -639,9 +659,25 @@ class VA1Device:
         """Whether contexts get private address spaces (False after the fallback)."""
         return self.ctx_as is not False
 
-    def create_context(self) -> Context:
-        """A private context (flat once the device proved to have no address spaces)."""
-        flags = self._flat_flag if self.ctx_as is False else 0
+    def create_context(self, flat: bool = False) -> Context:
+        """A private context (flat once the device proved to have no address spaces);
+        `flat`: a FLAT one (the driver's own). A device id still in quarantine (work of
+        its destroyed context may still complete) is held, created but never used, and
+        the device is asked again. ENOSPC frees the driver's own idle context first."""
+        while True:
+            try:
+                ctx = self._create_context(flat)
+            except VA1Error as e:
+                if e.errno == errno.ENOSPC and self._release_kernel_context():
+                    continue
+                raise
+            if ctx.device_id not in self._quarantine:
+                return ctx
+            self._held[ctx.device_id] = ctx
+            self._trace("ctx_id_held", device_context=ctx.device_id)
+
+    def _create_context(self, flat: bool) -> Context:
+        flags = self._flat_flag if (flat or self.ctx_as is False) else 0
         tok = self._control(_pack(A.CTRL_REQ, type=A.CtrlType.CONTEXT_CREATE, flags=flags),
                             A.CTRL_RESP.size, "CONTEXT_CREATE")
         if flags and tok.status == A.Status.BAD_REQUEST:
@@ -667,7 +703,7 @@ class VA1Device:
         uid = self._next_uid
         self._next_uid += 1
         ctx = Context(uid, dev_id, self.generation, FenceTimeline(uid, self.kernel.trace),
-                      flat=self.ctx_as is False)
+                      flat=flat or self.ctx_as is False)
         self._contexts[dev_id] = ctx
         return ctx
 
@@ -771,6 +807,94 @@ class VA1Device:
         ctx.destroyed = True
         ctx.mappings.clear()
         self._contexts.pop(ctx.device_id, None)
+        pending = [f for f in ctx.timeline.fences.values() if not f.signalled]
+        if pending:
+            # DESTROY aborted what was queued; what already runs goes on and may still
+            # fault "its" context id: nobody gets that id until it has completed
+            self._quarantine[ctx.device_id] = ctx
+            self._trace("ctx_quarantine", device_context=ctx.device_id, context=ctx.uid,
+                        pending=len(pending))
+            def check(_fence: Fence) -> None:
+                self._quarantine_check(ctx)
+            for f in pending:
+                f.add_callback(check)
+
+    def _quarantine_check(self, ctx: Context) -> None:
+        """A fence of a quarantined context completed (interrupt context)."""
+        if ctx.timeline.pending == 0 and self._quarantine.get(ctx.device_id) is ctx:
+            self.deferred.append(lambda: self._release_quarantine(ctx))
+
+    def _release_quarantine(self, ctx: Context) -> None:
+        """Every fence of the old context completed: its id may be reused (task context)."""
+        if self._quarantine.get(ctx.device_id) is not ctx:
+            return
+        del self._quarantine[ctx.device_id]
+        self._trace("ctx_quarantine_end", device_context=ctx.device_id, context=ctx.uid)
+        held = self._held.pop(ctx.device_id, None)
+        if held is not None:
+            try:
+                self.destroy_context(held)
+            except VA1Error as e:
+                self._trace("ctx_held_destroy_failed", device_context=held.device_id,
+                            error=str(e))
+
+    # ================================================================== scrubbing
+    def _kernel_context(self) -> Context:
+        """The driver's own FLAT context (created on first use, again after a reset)."""
+        k = self._kctx
+        if k is not None and (k.lost or k.destroyed or k.generation != self.generation
+                              or k.faulted):
+            self._kctx = None
+            if k.faulted and not k.destroyed:
+                try:
+                    self.destroy_context(k)
+                except VA1Error:
+                    pass  # gone with a reset, or the device is dead: check_alive says so
+        if self._kctx is None:
+            self._kctx = self.create_context(flat=True)
+        return self._kctx
+
+    def _release_kernel_context(self) -> bool:
+        """Give the driver's own context back to the device when idle (a user needs the
+        slot); True if one was freed."""
+        k = self._kctx
+        if k is None or k.timeline.pending:
+            return False
+        self._kctx = None
+        self.destroy_context(k)
+        self._trace("kernel_context_released", device_context=k.device_id)
+        return True
+
+    def scrub(self, ranges: Sequence[tuple[int, int]]) -> None:
+        """Zero these device-memory ranges (start, length; multiples of 4) and wait: one
+        FILL each, on the driver's own FLAT context, submit queue 0. Task context.
+        Raises VA1Error (EIO when the FILLs did not complete OK, e.g. aborted by a
+        reset; ENOSPC when the device has no context left for the driver)."""
+        hdr = struct.Struct(isa.HEADER.format)
+        fill = isa.PAYLOAD[isa.Opcode.FILL]
+        length = isa.command_length(isa.Opcode.FILL)
+        cmds = [hdr.pack(isa.Opcode.FILL, 0, length) + _pack(fill, dst=a, size=n)
+                for a, n in ranges]
+        per = max(self.config["max_cmdbuf_size"] // length, 1)
+        for i in range(0, len(cmds), per):
+            buf = b"".join(cmds[i:i + per])
+            ctx = self._kernel_context()
+            iova = self.alloc.alloc_dma(len(buf))
+            self.kernel.memory.write(iova, buf)
+            def free(_fence: Fence, addr: int = iova) -> None:
+                self.alloc.free(addr)
+            try:
+                fence = self.submit(ctx, 0, iova, len(buf), on_done=free)
+            except BaseException:
+                self.alloc.free(iova)
+                raise
+            self.wait_fence(fence, None)
+            if fence.status != A.Status.OK:
+                first = ranges[i]
+                raise VA1Error(errno.EIO, f"{self.name}: scrub of device memory "
+                                          f"[{first[0]:#x}, +{first[1]:#x}) did not complete: "
+                                          f"{_status_name(fence.status)}")
+        self._trace("scrub", ranges=len(ranges), bytes=sum(n for _, n in ranges))
 
     def get_stats(self) -> dict[str, int]:
         tok = self._control(_pack(A.CTRL_REQ, type=A.CtrlType.GET_STATS),

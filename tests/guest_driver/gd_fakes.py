@@ -2,7 +2,7 @@
 
 The fake device is written from docs/spec.md (not from the driver), only as far as the
 tests need: virtio-mmio v2 registers, split-ring walking (incl. indirect), controlq,
-eventq and submitqs with NOP-only command buffers, EVENT_IDX interrupt suppression,
+eventq and submitqs with command buffers of NOP, FILL (logged) and SIGNAL, EVENT_IDX interrupt suppression,
 and hooks to misbehave (bad used entries, NEEDS_RESET, refusing features, holding work).
 """
 from __future__ import annotations
@@ -314,6 +314,8 @@ class FakeVA1:
         self.corrupt_seq = False      # echo a wrong fence_seq in the next response
         self.stuck_reset = False      # Status never reads back 0 after a reset
         self.resets = 0
+        self.fills: list[tuple[int, int, int, int]] = []   # (context, dst, size, pattern)
+        self.cmdbufs: list[tuple[int, int, bytes]] = []     # (context, iova, bytes) read
         self.processed_after_reset: list[str] = []
         self.gen = 0
         self._reset_state()
@@ -590,17 +592,31 @@ class FakeVA1:
             status = A.Status.CONTEXT_FAULTED
         else:
             buf = self.mem.read(addr, ln)
+            self.cmdbufs.append((cid, addr, buf))
             pos = 0
+            effects = []
             while pos < ln:
                 opc, fl, length = struct.unpack_from(I.HEADER.format, buf, pos)
-                if opc != I.Opcode.NOP:
+                if opc not in (I.Opcode.NOP, I.Opcode.FILL, I.Opcode.SIGNAL):
                     status, off = A.Status.BAD_OPCODE, pos
                     break
-                if length < 8 or length % 8 or pos + length > ln:
+                want = 0 if opc == I.Opcode.NOP else I.command_length(I.Opcode(opc))
+                if length < 8 or length % 8 or pos + length > ln or (want and length != want):
                     status, off = A.Status.BAD_LENGTH, pos
                     break
+                if opc == I.Opcode.FILL:
+                    dst, size, pattern, _ = struct.unpack_from("<QQII", buf, pos + 8)
+                    effects.append(("fill", cid, dst, size, pattern))
+                elif opc == I.Opcode.SIGNAL:
+                    effects.append(("signal",) + struct.unpack_from("<QQ", buf, pos + 8))
                 pos += length
                 ncmd += 1
+            if status == A.Status.OK:
+                for e in effects:
+                    if e[0] == "fill":
+                        self.fills.append(e[1:])
+                    else:
+                        self.mem.write(e[1], struct.pack("<Q", e[2]))
         end = start + self.CMD_NS * max(ncmd, 1)
         q.busy_until = end
         gen = self.gen

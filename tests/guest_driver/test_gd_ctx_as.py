@@ -282,7 +282,12 @@ def test_random_ops_keep_each_context_mapped_to_exactly_its_files_buffers(seed):
     live = sum(-(-bo.size // A.CTX_PAGE) * A.CTX_PAGE for c in files
                for bo in c.f._bos.values() if bo.flags == U.BO_DEVICE)
     assert drv.devmem.bytes_free == drv.devmem.size - live
-    assert set(dev.maps) == {ctx.device_id for c in files for ctx in c.f._contexts.values()}
+    # plus the driver's own FLAT context, made for scrubbing reused memory (nothing mapped)
+    kctx = {drv._kctx.device_id} if drv._kctx is not None else set()
+    assert kctx and all(dev.maps[i] == {} and i in dev.flat for i in kctx)
+    assert set(dev.maps) == {ctx.device_id for c in files
+                             for ctx in c.f._contexts.values()} | kctx
+    assert dev.fills and all(f[0] in kctx and f[3] == 0 for f in dev.fills)
     assert dev.violations == []
 
 

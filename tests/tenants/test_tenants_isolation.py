@@ -61,6 +61,9 @@ def test_dma_to_iovas_not_mapped_for_its_vf(make_bed) -> None:  # type: ignore[n
     out = attack(make_bed, attacks.unmapped_iova)
     r = assert_contained(out)
     assert {s["status"] for s in r["shots"].values()} == {"DMA_FAULT"}
+    # through the uAPI the driver refuses every one before the device sees it
+    assert r["uapi"] == {"h2d_from_4g": "EFAULT", "d2h_to_far": "EFAULT",
+                         "signal_nowhere": "EFAULT"}
     rid = out.bed.vf(ATTACKER).requester_id
     faults = [f for f in out.bed.host.iommu.faults if f.requester_id == rid]
     iovas = {f.iova for f in faults}

@@ -105,11 +105,15 @@ def _cb_fill(dst: int, size: int, pattern: int = 0xA5A5A5A5) -> bytes:
 
 def unmapped_iova(os: Any, seed: int = 0) -> dict[str, Any]:
     """DMA to and from IOVAs the VMM never mapped for this VF (past guest RAM, far up,
-    a SIGNAL into nowhere, a command buffer that is not there)."""
+    a SIGNAL into nowhere, a command buffer that is not there). Through the uAPI the
+    driver refuses each at SUBMIT (EFAULT: not a HOST buffer of the file); a malicious
+    guest kernel that skips that check submits the same bytes and the IOMMU refuses."""
     t0 = guest_now(os)
     acc = DriverFile.open(os, DEV)
     dh, daddr = acc.bo_create(8192, U.BO_DEVICE)
+    drv = os.devices[DEV]
     shots: dict[str, Any] = {}
+    uapi: dict[str, str | None] = {}
     builds: tuple[tuple[str, Callable[[CommandBufferBuilder], object]], ...] = (
         ("h2d_from_4g", lambda cb: cb.dma_h2d(0x1_0000_0000, daddr, 4096)),
         ("d2h_to_far", lambda cb: cb.dma_d2h(daddr, 0x7FFF_0000_0000, 4096)),
@@ -118,14 +122,24 @@ def unmapped_iova(os: Any, seed: int = 0) -> dict[str, Any]:
         sh = _Shooter(acc)
         cb = _cb()
         build(cb)
-        shots[name] = sh.shoot(cb.bytes())
-    drv = os.devices[DEV]
+        raw = cb.bytes()
+        sh.view[:len(raw)] = np.frombuffer(raw, dtype=np.uint8)
+        try:
+            acc.submit(sh.ctx, 0, sh.h, 0, len(raw))
+            uapi[name] = None
+        except OSError as e:
+            uapi[name] = errno.errorcode.get(e.errno or 0, str(e.errno))
+        ctx = drv.create_context(flat=True)   # the kernel path: no check, no mappings
+        fence = drv.submit(ctx, 0, sh.iova, len(raw))
+        drv.wait_fence(fence, None)
+        shots[name] = {"status": _status(fence.status), "offset": fence.error_offset}
     ctx = drv.create_context()
     fence = drv.submit(ctx, 0, 0x3_0000_0000, 64)   # the command buffer itself is unmapped
     drv.wait_fence(fence, None)
     shots["cmdbuf_unmapped"] = {"status": _status(fence.status), "after": "n/a"}
-    ok = all(s["status"] == "DMA_FAULT" for s in shots.values())
-    return {"ok": ok, "shots": shots, "attack_ns": t0, "done_ns": guest_now(os)}
+    ok = (all(s["status"] == "DMA_FAULT" for s in shots.values())
+          and all(e == "EFAULT" for e in uapi.values()))
+    return {"ok": ok, "shots": shots, "uapi": uapi, "attack_ns": t0, "done_ns": guest_now(os)}
 
 
 def flood(os: Any, seed: int = 0, duration_ns: int = 300_000, reps: int = 8) -> dict[str, Any]:

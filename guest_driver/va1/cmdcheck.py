@@ -1,0 +1,173 @@
+"""SUBMIT-time check of a command buffer's host addresses, and its shadow copy.
+
+Every host (IOVA) range a command buffer names (DMA_H2D `src`, DMA_D2H `dst`, SIGNAL,
+TIMESTAMP and WAIT `addr`, CALL `addr`/`size`, callees included) must lie inside one
+HOST buffer of the submitting file; anything else is refused with EFAULT naming the
+command. The commands are parsed from the `hwspec.isa` layouts (datasheet §7), not
+from any builder.
+
+The device reads the command buffer (and every callee) when the submission starts,
+later than SUBMIT, and user space can rewrite its HOST buffers in between. So what was
+checked is what runs: the driver copies the buffer and every callee it descended into
+(the expanded submission) into kernel memory, and patches each CALL of the copy to the
+copy of its callee. Top-level offsets are unchanged, so the device's error offsets
+still name the user's commands.
+
+Where the walk stops: at the first command the device refuses before any command runs
+(a header it cannot parse, a CALL it will not follow: §7 checks every command before
+any runs), nothing after it can run, so nothing after it needs checking. Such a CALL
+keeps its own address (already checked to be the caller's own memory), which the
+device never reads: BAD_ARG, BAD_SHAPE, CMDBUF_TOO_LARGE, CALL_DEPTH and the expansion
+bound come before DMA_FAULT in its CALL checks.
+"""
+from __future__ import annotations
+
+import errno
+import struct
+from dataclasses import dataclass, field
+from typing import Callable, Generic, Optional, TypeVar
+
+from hwspec import isa
+
+from .driver import VA1Error
+
+T = TypeVar("T")
+
+# host operands per opcode: (address field, size field or fixed size, what it does)
+HOST_OPERANDS: dict[isa.Opcode, tuple[tuple[str, str | int, str], ...]] = {
+    isa.Opcode.DMA_H2D: (("src", "size", "read"),),
+    isa.Opcode.DMA_D2H: (("dst", "size", "write"),),
+    isa.Opcode.SIGNAL: (("addr", 8, "write"),),
+    isa.Opcode.TIMESTAMP: (("addr", 8, "write"),),
+    isa.Opcode.WAIT: (("addr", 8, "read"),),
+    isa.Opcode.CALL: (("addr", "size", "call"),),
+}
+_OPCODES = frozenset(int(o) for o in isa.Opcode)
+_HDR = struct.Struct(isa.HEADER.format)
+_PAYLOAD = {op: struct.Struct(lay.format) for op, lay in isa.PAYLOAD.items()}
+_CALL_PATCH = isa.HEADER.size + isa.PAYLOAD[isa.Opcode.CALL].offsets["addr"]
+
+
+@dataclass
+class Segment:
+    """One buffer of the expanded submission: the top level (index 0) or a callee."""
+    data: bytearray
+    offset: int = 0    # in the shadow copy
+    patches: list[tuple[int, int]] = field(default_factory=list)  # (CALL offset, callee)
+
+
+@dataclass
+class Checked(Generic[T]):
+    """What a command buffer may touch (`used`: the owners of its host ranges) and the
+    buffers of its shadow copy, top level first."""
+    segments: list[Segment]
+    used: list[T]
+
+    @property
+    def size(self) -> int:
+        return sum(len(s.data) for s in self.segments)
+
+    def image(self, base: int) -> bytes:
+        """The shadow copy laid out at IOVA `base`, every followed CALL patched."""
+        off = 0
+        for s in self.segments:
+            s.offset = off
+            off += len(s.data)
+        out = bytearray()
+        for s in self.segments:
+            data = bytearray(s.data)
+            for pos, callee in s.patches:
+                struct.pack_into("<Q", data, pos + _CALL_PATCH,
+                                 base + self.segments[callee].offset)
+            out += data
+        return bytes(out)
+
+
+def check_cmdbuf(top: bytes, owner: Callable[[int, int], Optional[T]],
+                 read: Callable[[int, int], bytes], max_cmdbuf_size: int,
+                 max_call_depth: int) -> Checked[T]:
+    """Walk `top` (and its callees) as the device validates it; `owner(addr, size)` is
+    the caller's buffer holding [addr, addr+size) or None; `read` reads guest memory.
+    Raises VA1Error(EFAULT) naming the first host range outside the caller's buffers."""
+    w = _Walk(owner, read, max_cmdbuf_size, max_call_depth, len(top))
+    w.segments.append(Segment(bytearray(top)))
+    w.walk(0, 0, ())
+    return Checked(w.segments, w.used)
+
+
+class _Walk(Generic[T]):
+    def __init__(self, owner: Callable[[int, int], Optional[T]],
+                 read: Callable[[int, int], bytes], max_cmdbuf_size: int,
+                 max_call_depth: int, top_len: int) -> None:
+        self.owner = owner
+        self.read = read
+        self.max_size = max_cmdbuf_size
+        self.max_depth = max_call_depth
+        self.budget = isa.CALL_EXPANSION_FACTOR * max_cmdbuf_size
+        self.expanded = top_len
+        self.segments: list[Segment] = []
+        self.used: list[T] = []
+        self._seen: set[int] = set()
+
+    def walk(self, index: int, depth: int, path: tuple[int, ...]) -> bool:
+        """Check one buffer; False once the device refuses the submission at a command
+        (nothing after it runs, so the walk stops)."""
+        buf = bytes(self.segments[index].data)
+        pos, end = 0, len(buf)
+        while pos < end:
+            if end - pos < isa.HEADER.size:
+                return False                                    # TRUNCATED
+            opcode, flags, length = _HDR.unpack_from(buf, pos)
+            if opcode not in _OPCODES:
+                return False                                    # BAD_OPCODE
+            op = isa.Opcode(opcode)
+            if length < isa.HEADER.size or length % isa.ALIGN or (
+                    op != isa.Opcode.NOP and length != isa.command_length(op)):
+                return False                                    # BAD_LENGTH
+            if pos + length > end:
+                return False                                    # TRUNCATED
+            operands = HOST_OPERANDS.get(op)
+            if operands is not None:
+                values = dict(zip(isa.PAYLOAD[op].names,
+                                  _PAYLOAD[op].unpack_from(buf, pos + isa.HEADER.size)))
+                for addr_f, size_f, how in operands:
+                    size = values[size_f] if isinstance(size_f, str) else size_f
+                    self._check(path + (pos,), op, addr_f, values[addr_f], size, how)
+                if op == isa.Opcode.CALL and not self._call(index, pos, flags, values,
+                                                            depth, path + (pos,)):
+                    return False
+            pos += length
+        return True
+
+    def _check(self, path: tuple[int, ...], op: isa.Opcode, name: str, addr: int,
+               size: int, how: str) -> None:
+        if size == 0:
+            return  # BAD_SHAPE on the device: no byte is accessed
+        bo = self.owner(addr, size)
+        if bo is None:
+            raise VA1Error(errno.EFAULT, f"SUBMIT: {_where(path)} ({op.name}) {how}s host "
+                                         f"range [{addr:#x}, +{size:#x}) ({name}), which "
+                                         "is not inside a HOST buffer of this file")
+        if id(bo) not in self._seen:
+            self._seen.add(id(bo))
+            self.used.append(bo)
+
+    def _call(self, index: int, pos: int, flags: int, v: dict[str, int], depth: int,
+              path: tuple[int, ...]) -> bool:
+        size = v["size"]
+        if (flags or v["reserved"] or size == 0 or size % isa.ALIGN
+                or size > self.max_size or depth + 1 > self.max_depth
+                or self.expanded + size > self.budget):
+            return False   # refused by the device before it reads the callee
+        self.expanded += size
+        callee = len(self.segments)
+        self.segments.append(Segment(bytearray(self.read(v["addr"], size))))
+        self.segments[index].patches.append((pos, callee))
+        return self.walk(callee, depth + 1, path)
+
+
+def _where(path: tuple[int, ...]) -> str:
+    if len(path) == 1:
+        return f"command at offset {path[0]}"
+    inner = "/".join(str(p) for p in path[1:])
+    return f"command at offset {path[0]} (CALL; callee offset {inner})"
