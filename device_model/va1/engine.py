@@ -14,6 +14,13 @@ when the clock has one: next event, end of a running guest's charge, deadlines o
 waiting guests; else `next_event_ns()`): nobody can look in between, so nobody can tell.
 Otherwise it schedules a continuation.
 Completions (response, used entry, interrupt) always happen exactly at `end_ns`.
+
+Failures: a command whose executor raises anything but DmaFault (a numpy MemoryError, a
+bug) fails its submission with DEVICE_ERROR at its offset, like any command error. Any
+other exception inside the processor's events or dispatch is caught at the function's
+boundary (`failed`): the function alone is stopped (its owner sets NEEDS_RESET) and its
+engines are released. Nothing raises into the platform, whose event may belong to
+another function or another tenant's guest.
 """
 from __future__ import annotations
 
@@ -76,6 +83,7 @@ class _Run:
 
 Prepare = Callable[[Submission], "tuple[Status, int, list[Command]]"]
 Complete = Callable[[Submission], None]
+OnFailure = Callable[[Exception], None]
 
 
 class CommandProcessor:
@@ -96,6 +104,9 @@ class CommandProcessor:
         self.metrics = metrics
         self._prepare = prepare
         self._complete = complete
+        # Set by the owner (the VA-1 function): what to do when the processor itself fails
+        # (see `failed`); without one the processor only resets.
+        self.on_failure: OnFailure | None = None
         self._epoch = 0
         self._timers: dict[int, Timer] = {}
         self._timer_seq = 0
@@ -163,9 +174,26 @@ class CommandProcessor:
         def fire() -> None:
             self._timers.pop(key, None)
             if epoch == self._epoch:
-                callback()
+                try:
+                    callback()
+                except Exception as e:  # never into the platform's event loop
+                    self.failed(e)
 
         self._timers[key] = self.clock.schedule(max(0, delay_ns), fire, label)
+
+    def failed(self, exc: Exception) -> None:
+        """An unexpected failure outside any one command (a bug in the processor or in
+        its owner's completion path): this function alone stops. Its owner is told (the
+        VA-1 function sets DEVICE_NEEDS_RESET); the processor drops its work and releases
+        its engines, and the card's other functions go on."""
+        self.tracer.emit("device_error", where="function", error=type(exc).__name__)
+        try:
+            if self.on_failure is not None:
+                self.on_failure(exc)
+        finally:
+            self.reset()
+            if self.sched is not None:
+                self.sched.dispatch()
 
     # --- queueing --------------------------------------------------------------------
 
@@ -260,7 +288,12 @@ class CommandProcessor:
         self.engines[engine] = run
         self.tracer.emit("submit_start", queue=sub.queue, context=sub.req.context_id,
                          fence=sub.req.fence_seq, engine=engine, start_ns=now)
-        status, offset, cmds = self._prepare(sub)
+        try:
+            status, offset, cmds = self._prepare(sub)
+        except Exception as e:  # a device bug or host failure: this submission fails
+            self.tracer.emit("device_error", where="prepare", queue=sub.queue,
+                             error=type(e).__name__)
+            status, offset, cmds = Status.DEVICE_ERROR, NO_OFFSET, []
         if status != Status.OK:
             sub.status, sub.error_offset, sub.end_ns = status, offset, now
             self._finish(run)
@@ -410,6 +443,9 @@ class CommandProcessor:
                 run.t, run.cur_end = end, -1
                 run.next = len(cmds)
                 break
+            except Exception as e:  # a kernel failed (MemoryError, a bug): this command
+                self._device_error(run, cmd, end, e)
+                break
             if epoch != self._epoch:
                 return
             fs.charge(end - start)
@@ -433,6 +469,20 @@ class CommandProcessor:
             self.schedule(sub.end_ns - now, lambda: self._finish(run), "va1-submit-end")
         else:
             self._finish(run)
+
+    def _device_error(self, run: _Run, cmd: Command, end: int, exc: Exception) -> None:
+        """The command's executor raised: its submission fails DEVICE_ERROR at its offset
+        and ends at the command's end time; whatever the kernel wrote of the command's own
+        (validated) destinations stays."""
+        sub = run.sub
+        sub.status, sub.error_offset = Status.DEVICE_ERROR, cmd.offset
+        self.metrics.device_errors += 1
+        self.tracer.emit("cmd_error", queue=sub.queue, offset=cmd.offset,
+                         opcode=cmd.opcode.name, error=type(exc).__name__,
+                         **({"path": "/".join(map(str, cmd.path))} if cmd.path else {}))
+        self._charge(end - run.t)
+        run.t, run.cur_end = end, -1
+        run.next = len(run.cmds)
 
     def _charge(self, ns: int) -> None:
         self.fs.charge(ns)
