@@ -12,7 +12,10 @@ Virtual-time exactness: a command's effects belong at its end time. The processo
 applies a command early only while its end time is <= the clock's horizon (`horizon_ns()`
 when the clock has one: next event, end of a running guest's charge, deadlines of
 waiting guests; else `next_event_ns()`): nobody can look in between, so nobody can tell.
-Otherwise it schedules a continuation.
+Otherwise it schedules a continuation. A command that writes guest memory (`host_writes`
+in the registry: SIGNAL, TIMESTAMP, DMA_D2H) is never applied early: a waiting guest's
+condition is evaluated after every event, so it could poll that memory before the
+command's end; such a command is applied by an event at its end time.
 Completions (response, used entry, interrupt) always happen exactly at `end_ns`.
 
 Failures: a command whose executor raises anything but DmaFault (a numpy MemoryError, a
@@ -45,6 +48,7 @@ _OPNAME = {op: op.name for op in Opcode}
 # Read from the registry once: the step loop asks for every command.
 _POLLS = frozenset(op for op, spec in OPS.items() if spec.polls)
 _TIME_ONLY = frozenset(op for op, spec in OPS.items() if spec.time_only)
+_HOST_WRITES = frozenset(op for op, spec in OPS.items() if spec.host_writes)
 # A submission's last command, when it is a big one (virtual cost at least this), is
 # applied at its end time together with the completion instead of early: see _step_loop.
 _DEFER_LAST_MIN_NS = 10_000
@@ -419,6 +423,8 @@ class CommandProcessor:
                     run.cur_end = run.t + cmd.cost_ns
             end = run.cur_end
             if end > now:
+                if cmd.opcode in _HOST_WRITES:
+                    break   # a guest may poll what it writes: applied at its end time
                 if run.next == len(cmds) - 1 and cmd.cost_ns >= _DEFER_LAST_MIN_NS:
                     # A big last command is applied exactly at its end time, in the same
                     # event as the completion (due then anyway): no extra event, same
