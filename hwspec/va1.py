@@ -81,6 +81,7 @@ class Status(IntEnum):
     CALL_DEPTH = 15       # CALL nesting deeper than max_call_depth
     TIMEOUT = 16          # a command ran past the function's preemption timeout
     STOPPED = 17          # the function was stopped by its PF while this was queued
+    DEVICE_ERROR = 18     # the device failed internally carrying out this command
 
 
 NO_OFFSET = 0xFFFFFFFF  # error_offset when the error is not tied to a command

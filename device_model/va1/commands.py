@@ -629,13 +629,16 @@ class OpSpec:
     time_only: bool = False         # no effect, no host bytes, no wait: only takes time,
                                     # so the engine may run a stretch of them in one step
     polls: bool = False             # the engine polls it until satisfied (WAIT)
+    host_writes: bool = False       # writes guest memory, which a guest may poll: the
+                                    # engine applies it exactly at its end time, never early
 
 
 OPS: dict[Opcode, OpSpec] = {
     Opcode.NOP: OpSpec(_one(_resolve_nop), ex.no_effect, time_only=True),
     Opcode.FILL: OpSpec(_one(_resolve_fill), ex.fill),
     Opcode.DMA_H2D: OpSpec(_one(_resolve_dma_h2d), ex.dma_h2d, host_bytes=_size_host_bytes),
-    Opcode.DMA_D2H: OpSpec(_one(_resolve_dma_d2h), ex.dma_d2h, host_bytes=_size_host_bytes),
+    Opcode.DMA_D2H: OpSpec(_one(_resolve_dma_d2h), ex.dma_d2h, host_bytes=_size_host_bytes,
+                           host_writes=True),
     Opcode.DMA_D2D: OpSpec(_one(_resolve_dma_d2d), ex.dma_d2d),
     Opcode.COPY: OpSpec(_one(_resolve_copy), ex.bound_kernel),
     Opcode.GEMM: OpSpec(_one(_resolve_gemm), ex.gemm, checks_flags=True),
@@ -649,9 +652,9 @@ OPS: dict[Opcode, OpSpec] = {
     Opcode.DEQUANTIZE: OpSpec(_one(lambda ck, f, p: _resolve_quant(ck, Opcode.DEQUANTIZE, p)),
                               ex.bound_kernel),
     Opcode.SIGNAL: OpSpec(_one(_resolve_fence(Opcode.SIGNAL)), ex.signal,
-                          host_bytes=_u64_host_bytes),
+                          host_bytes=_u64_host_bytes, host_writes=True),
     Opcode.TIMESTAMP: OpSpec(_one(_resolve_timestamp), ex.timestamp,
-                             host_bytes=_u64_host_bytes),
+                             host_bytes=_u64_host_bytes, host_writes=True),
     Opcode.WAIT: OpSpec(_one(_resolve_fence(Opcode.WAIT)), ex.no_effect, polls=True),
     Opcode.CALL: OpSpec(_resolve_call, ex.no_effect, host_bytes=_size_host_bytes),
 }

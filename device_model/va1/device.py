@@ -2,7 +2,10 @@
 
 Implements `VirtioDevice`; knows nothing of the transport. Whatever the driver or guest
 memory does, no exception leaves `notify` or a timer callback: broken rings become
-`needs_reset` on the transport, bad requests become status codes.
+`needs_reset` on the transport, bad requests become status codes. The device's own
+failures too: a command that fails inside the device completes DEVICE_ERROR (engine.py);
+any other unexpected exception sets DEVICE_NEEDS_RESET on this function alone (rule
+`device/internal`) and releases its compute units.
 """
 from __future__ import annotations
 
@@ -77,6 +80,7 @@ class Va1Device(VirtioDevice):
             self.submitqs, config.num_compute_units, self.dma, self.clock, self.tracer,
             self.metrics, self._prepare, self._complete_submission, scheduler=scheduler,
             function_index=function_index)
+        self.processor.on_failure = self._internal_failure
         self.function_index = function_index
         self.admin_queue_index: int | None = self.num_queues if admin is not None else None
         self.acked_features = 0
@@ -159,6 +163,8 @@ class Va1Device(VirtioDevice):
                 self._drain_submitq(queue_index)
         except RingError as e:
             self._break(e)
+        except Exception as e:  # never into the guest's MMIO write
+            self.processor.failed(e)
 
     def set_bus_master(self, enabled: bool) -> None:
         """Off: the engines stop at their next command boundary (or before a host
@@ -215,6 +221,17 @@ class Va1Device(VirtioDevice):
         self.tracer.emit("ring_broken", rule=e.rule, message=e.message)
         if self.interrupt is not None:
             self.interrupt.needs_reset(e.rule, e.message)
+
+    def _internal_failure(self, exc: Exception) -> None:
+        """The processor failed outside any one command (a device bug): like a broken
+        ring, this function stops until reset; the others are not touched."""
+        if not self.active:
+            return
+        self.broken = True
+        rule, message = "device/internal", f"device failure: {type(exc).__name__}"
+        self.tracer.emit("ring_broken", rule=rule, message=message)
+        if self.interrupt is not None:
+            self.interrupt.needs_reset(rule, message)
 
     def _return_chain(self, qi: int, chain: DescriptorChain, reply: bytes) -> None:
         """Write the reply, push the used entry and interrupt if the driver wants it."""

@@ -12,8 +12,18 @@ Virtual-time exactness: a command's effects belong at its end time. The processo
 applies a command early only while its end time is <= the clock's horizon (`horizon_ns()`
 when the clock has one: next event, end of a running guest's charge, deadlines of
 waiting guests; else `next_event_ns()`): nobody can look in between, so nobody can tell.
-Otherwise it schedules a continuation.
+Otherwise it schedules a continuation. A command that writes guest memory (`host_writes`
+in the registry: SIGNAL, TIMESTAMP, DMA_D2H) is never applied early: a waiting guest's
+condition is evaluated after every event, so it could poll that memory before the
+command's end; such a command is applied by an event at its end time.
 Completions (response, used entry, interrupt) always happen exactly at `end_ns`.
+
+Failures: a command whose executor raises anything but DmaFault (a numpy MemoryError, a
+bug) fails its submission with DEVICE_ERROR at its offset, like any command error. Any
+other exception inside the processor's events or dispatch is caught at the function's
+boundary (`failed`): the function alone is stopped (its owner sets NEEDS_RESET) and its
+engines are released. Nothing raises into the platform, whose event may belong to
+another function or another tenant's guest.
 """
 from __future__ import annotations
 
@@ -38,6 +48,7 @@ _OPNAME = {op: op.name for op in Opcode}
 # Read from the registry once: the step loop asks for every command.
 _POLLS = frozenset(op for op, spec in OPS.items() if spec.polls)
 _TIME_ONLY = frozenset(op for op, spec in OPS.items() if spec.time_only)
+_HOST_WRITES = frozenset(op for op, spec in OPS.items() if spec.host_writes)
 # A submission's last command, when it is a big one (virtual cost at least this), is
 # applied at its end time together with the completion instead of early: see _step_loop.
 _DEFER_LAST_MIN_NS = 10_000
@@ -76,6 +87,7 @@ class _Run:
 
 Prepare = Callable[[Submission], "tuple[Status, int, list[Command]]"]
 Complete = Callable[[Submission], None]
+OnFailure = Callable[[Exception], None]
 
 
 class CommandProcessor:
@@ -96,6 +108,9 @@ class CommandProcessor:
         self.metrics = metrics
         self._prepare = prepare
         self._complete = complete
+        # Set by the owner (the VA-1 function): what to do when the processor itself fails
+        # (see `failed`); without one the processor only resets.
+        self.on_failure: OnFailure | None = None
         self._epoch = 0
         self._timers: dict[int, Timer] = {}
         self._timer_seq = 0
@@ -163,9 +178,26 @@ class CommandProcessor:
         def fire() -> None:
             self._timers.pop(key, None)
             if epoch == self._epoch:
-                callback()
+                try:
+                    callback()
+                except Exception as e:  # never into the platform's event loop
+                    self.failed(e)
 
         self._timers[key] = self.clock.schedule(max(0, delay_ns), fire, label)
+
+    def failed(self, exc: Exception) -> None:
+        """An unexpected failure outside any one command (a bug in the processor or in
+        its owner's completion path): this function alone stops. Its owner is told (the
+        VA-1 function sets DEVICE_NEEDS_RESET); the processor drops its work and releases
+        its engines, and the card's other functions go on."""
+        self.tracer.emit("device_error", where="function", error=type(exc).__name__)
+        try:
+            if self.on_failure is not None:
+                self.on_failure(exc)
+        finally:
+            self.reset()
+            if self.sched is not None:
+                self.sched.dispatch()
 
     # --- queueing --------------------------------------------------------------------
 
@@ -260,7 +292,12 @@ class CommandProcessor:
         self.engines[engine] = run
         self.tracer.emit("submit_start", queue=sub.queue, context=sub.req.context_id,
                          fence=sub.req.fence_seq, engine=engine, start_ns=now)
-        status, offset, cmds = self._prepare(sub)
+        try:
+            status, offset, cmds = self._prepare(sub)
+        except Exception as e:  # a device bug or host failure: this submission fails
+            self.tracer.emit("device_error", where="prepare", queue=sub.queue,
+                             error=type(e).__name__)
+            status, offset, cmds = Status.DEVICE_ERROR, NO_OFFSET, []
         if status != Status.OK:
             sub.status, sub.error_offset, sub.end_ns = status, offset, now
             self._finish(run)
@@ -403,6 +440,8 @@ class CommandProcessor:
                     run.cur_end = run.t + cmd.cost_ns
             end = run.cur_end
             if end > now:
+                if cmd.opcode in _HOST_WRITES:
+                    break   # a guest may poll what it writes: applied at its end time
                 if run.next == len(cmds) - 1 and cmd.cost_ns >= _DEFER_LAST_MIN_NS:
                     # A big last command is applied exactly at its end time, in the same
                     # event as the completion (due then anyway): no extra event, same
@@ -433,6 +472,9 @@ class CommandProcessor:
                 run.t, run.cur_end = end, -1
                 run.next = len(cmds)
                 break
+            except Exception as e:  # a kernel failed (MemoryError, a bug): this command
+                self._device_error(run, cmd, end, e)
+                break
             if epoch != self._epoch:
                 return
             fs.charge(end - start)
@@ -456,6 +498,20 @@ class CommandProcessor:
             self.schedule(sub.end_ns - now, lambda: self._finish(run), "va1-submit-end")
         else:
             self._finish(run)
+
+    def _device_error(self, run: _Run, cmd: Command, end: int, exc: Exception) -> None:
+        """The command's executor raised: its submission fails DEVICE_ERROR at its offset
+        and ends at the command's end time; whatever the kernel wrote of the command's own
+        (validated) destinations stays."""
+        sub = run.sub
+        sub.status, sub.error_offset = Status.DEVICE_ERROR, cmd.offset
+        self.metrics.device_errors += 1
+        self.tracer.emit("cmd_error", queue=sub.queue, offset=cmd.offset,
+                         opcode=cmd.opcode.name, error=type(exc).__name__,
+                         **({"path": "/".join(map(str, cmd.path))} if cmd.path else {}))
+        self._charge(end - run.t)
+        run.t, run.cur_end = end, -1
+        run.next = len(run.cmds)
 
     def _charge(self, ns: int) -> None:
         self.fs.charge(ns)

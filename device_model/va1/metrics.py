@@ -13,8 +13,9 @@ class Metrics:
     faults: int = 0          # contexts marked faulted
     preemptions: int = 0     # runs that yielded their engine at a command boundary
     timeouts: int = 0        # commands stopped at the preemption timeout
+    device_errors: int = 0   # commands failed DEVICE_ERROR (the device's own failure)
 
     def reset(self) -> None:
         self.submissions = self.commands = self.device_time_ns = 0
         self.dma_bytes = self.faults = 0
-        self.preemptions = self.timeouts = 0
+        self.preemptions = self.timeouts = self.device_errors = 0

@@ -20,6 +20,9 @@ function's exec quantum on this engine and another function of the same or highe
 priority is waiting. The preempted
 submission goes back to the head of its queue and resumes later at its next command, on
 whichever engine picks it.
+
+A failure while a function starts its work (`start_next` raising) is that function's
+alone: it is handed to its processor's `failed` and the dispatch goes on for the others.
 """
 from __future__ import annotations
 
@@ -141,6 +144,9 @@ class Scheduler:
                     if not self._again:
                         break
                     continue
-                fs.processor.start_next(engine)
+                try:
+                    fs.processor.start_next(engine)
+                except Exception as e:  # that function alone fails; the others go on
+                    fs.processor.failed(e)
         finally:
             self._dispatching = False

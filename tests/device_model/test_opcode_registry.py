@@ -37,6 +37,12 @@ def test_only_nop_is_time_only_and_only_wait_polls() -> None:
     assert {op for op, s in C.OPS.items() if s.polls} == {Opcode.WAIT}
 
 
+def test_exactly_the_commands_that_write_guest_memory_are_host_writes() -> None:
+    """They are applied at their end time, never early (spec §6 "Write visibility")."""
+    assert {op for op, s in C.OPS.items() if s.host_writes} == {
+        Opcode.SIGNAL, Opcode.TIMESTAMP, Opcode.DMA_D2H}
+
+
 def test_host_bytes_come_from_the_registry() -> None:
     sizes = {op: C.Command(op, 0, 0, size=4096).host_bytes for op in Opcode}
     assert sizes[Opcode.DMA_H2D] == sizes[Opcode.DMA_D2H] == sizes[Opcode.CALL] == 4096
