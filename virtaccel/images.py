@@ -44,6 +44,19 @@ the image seed and the VF number):
     resources = { weight = 2 }       # optional, overrides accelerator.resources
     entry = "virtaccel.guests.tenant:checked_gemm"   # optional, overrides program.entry
     args = { count = 16 }            # optional, merged over program.args
+
+Fault plans (docs/faults.md), any mode: one [[faults]] table per entry, checked by
+vmm.faults' rules; `function` is the image's name (its VM), or for sriov-vf a tenant's
+name, vf<N> or a VF's PCI name:
+
+    [[faults]]
+    name = "lost-irq"                # optional; the trace names the entry by it
+    function = "tenant3"
+    action = "drop_interrupt"        # see docs/faults.md for every action
+    after = 5                        # trigger: at_ns = T | after = N | probability = p
+    on = "interrupt"                 # with after/probability: submission, command, kick,
+                                     # interrupt or dma
+    # delay_ns = 20000               # delay_interrupt, delay_mmio_exit (duplicate: optional)
 """
 from __future__ import annotations
 
