@@ -223,9 +223,6 @@ class FaultTarget:
     line: Line | None = None
     pci: tuple[PciHost, PciSlot] | None = None  # where its config space is written (FLR)
 
-    def kind(self) -> str:
-        return "msi" if self.msi is not None else "line"
-
 
 def fault_targets(vms: Sequence[Vm], host: Host | None = None) -> dict[str, FaultTarget]:
     """Every accelerator function attached to `vms`, by each name it answers to (the VM's
