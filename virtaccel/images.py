@@ -44,6 +44,19 @@ the image seed and the VF number):
     resources = { weight = 2 }       # optional, overrides accelerator.resources
     entry = "virtaccel.guests.tenant:checked_gemm"   # optional, overrides program.entry
     args = { count = 16 }            # optional, merged over program.args
+
+Fault plans (docs/faults.md), any mode: one [[faults]] table per entry, checked by
+vmm.faults' rules; `function` is the image's name (its VM), or for sriov-vf a tenant's
+name, vf<N> or a VF's PCI name:
+
+    [[faults]]
+    name = "lost-irq"                # optional; the trace names the entry by it
+    function = "tenant3"
+    action = "drop_interrupt"        # see docs/faults.md for every action
+    after = 5                        # trigger: at_ns = T | after = N | probability = p
+    on = "interrupt"                 # with after/probability: submission, command, kick,
+                                     # interrupt or dma
+    # delay_ns = 20000               # delay_interrupt, delay_mmio_exit (duplicate: optional)
 """
 from __future__ import annotations
 
@@ -54,6 +67,8 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
+
+from vmm.faults import FaultPlan, FaultPlanError
 
 from .errors import ImageError
 from .session import tenant_seed
@@ -106,6 +121,7 @@ class VmImage:
     entry: str = DEFAULT_PROGRAM
     args: dict[str, Any] = field(default_factory=dict)
     tenants: tuple[TenantImage, ...] = ()
+    faults: "FaultPlan | None" = None     # [[faults]]; None: no plan
 
 
 class _Checker:
@@ -155,7 +171,8 @@ def parse_size(text: str | int) -> int:
 def parse_image(doc: dict[str, Any], path: str = "<image>") -> VmImage:
     """Check a parsed TOML document field by field and build the VmImage."""
     c = _Checker(path)
-    c.keys(doc, "", ("name", "description", "seed", "machine", "accelerator", "program", "tenant"))
+    c.keys(doc, "", ("name", "description", "seed", "machine", "accelerator", "program", "tenant",
+                     "faults"))
     if "name" not in doc:
         raise c.fail("name", "missing (every image has a name)")
     name = c.typed(doc["name"], "name", str, "text")
@@ -223,9 +240,39 @@ def parse_image(doc: dict[str, Any], path: str = "<image>") -> VmImage:
             total_vfs = c.int_range(acc["total_vfs"], "accelerator.total_vfs", 1, MAX_TOTAL_VFS)
         resources = _resources(c, c.table(acc, "resources", "accelerator."), "accelerator.resources.")
         tenants = _tenants(c, doc, memory, resources, entry, args, total_vfs or MAX_TOTAL_VFS)
+    faults = _faults(c, doc, mode, transport, name, tenants)
     return VmImage(path, name, description, seed, memory, vcpus, exit_cost,
                    AcceleratorSpec(mode, transport, dict(cfg), resources, total_vfs), entry, args,
-                   tenants)
+                   tenants, faults)
+
+
+def _faults(c: _Checker, doc: dict[str, Any], mode: str, transport: str, name: str,
+            tenants: tuple[TenantImage, ...]) -> FaultPlan | None:
+    """[[faults]]: each entry checked by vmm.faults' rules; its function must be the
+    image's VM (its name), or a tenant's name, vf<N> or a VF's PCI name."""
+    raw = doc.get("faults")
+    if raw is None:
+        return None
+    if not isinstance(raw, list) or not all(isinstance(t, dict) for t in raw):
+        raise c.fail("faults", "must be an array of tables ([[faults]])")
+    try:
+        plan = FaultPlan(raw)
+        if tenants:
+            known = {t.name for t in tenants} | {f"vf{t.index}" for t in tenants}
+            plan.check_functions(lambda f: f in known or f.startswith("0000:"))
+        else:
+            plan.check_functions(lambda f: f == name or (mode == "passthrough"
+                                                         and f.startswith("0000:")))
+            if transport == "mmio":
+                for i, e in enumerate(plan.entries):
+                    if e.action in ("flr", "duplicate_interrupt"):
+                        raise FaultPlanError(i, e.name, "action",
+                                             f"{e.action} needs a PCI function with MSI-X; "
+                                             "this image attaches virtio-mmio")
+    except FaultPlanError as e:
+        where = f"faults[{e.index}]" + (f".{e.field}" if e.field else "")
+        raise c.fail(where, e.problem) from None
+    return plan
 
 
 def _memory(c: _Checker, raw: Any, where: str) -> int:

@@ -32,6 +32,7 @@ from device_model import Va1Config
 from guest_driver.kernel import GuestKernel
 from guest_driver.uapi import GuestOS
 from hwspec.va1 import VfResources
+from vmm.faults import FaultInjector, FaultPlan, FaultPlanError, fault_targets
 from vmm.host import CardFactory, Host, HostPciFunction, PfDriverFactory
 from vmm.machine import GuestTask, Machine
 from vmm.trace import Trace, TraceEvent
@@ -113,7 +114,8 @@ class Session:
                  resources: VfResources | None = None, keep_trace: bool = False,
                  card_factory: CardFactory | None = None,
                  pf_driver_factory: PfDriverFactory | None = None,
-                 card_options: Mapping[str, Any] | None = None) -> None:
+                 card_options: Mapping[str, Any] | None = None,
+                 faults: FaultPlan | None = None) -> None:
         if attach not in ATTACHMENTS:
             raise ValueError(f"attach {attach!r}: one of {', '.join(ATTACHMENTS)}")
         if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 1 << 64:
@@ -128,6 +130,11 @@ class Session:
         self.card_factory = card_factory
         self.pf_driver_factory = pf_driver_factory
         self.card_options = dict(card_options or {})
+        self.faults: FaultPlan | None = None
+        self.injector: FaultInjector | None = None
+        if faults is not None:
+            self._check_faults(faults)
+            self.faults = faults
         self.image: "VmImage | None" = None
         self.state = SessionState.NEW
         self._machine: Machine | None = None
@@ -159,6 +166,17 @@ class Session:
             raise ValueError(f"VM names must be unique: {', '.join(dup)} repeated")
         return specs
 
+    def _check_faults(self, plan: FaultPlan) -> None:
+        """Refuse a plan naming no VM of this session (nor vf<N> of an "sriov" one)
+        before anything is built; PCI names ("0000:01:00.1") are resolved at launch."""
+        if not isinstance(plan, FaultPlan):
+            raise TypeError(f"faults={plan!r}: give a vmm.faults.FaultPlan")
+        names = {s.name for s in self.specs}
+        if self.attach == "sriov":
+            names |= {f"vf{n}" for n in range(1, len(self.specs) + 1)}
+        pci_names = self.attach in ("vfio", "sriov")
+        plan.check_functions(lambda f: f in names or (pci_names and f.startswith("0000:")))
+
     @classmethod
     def from_image(cls, image: "str | Path | VmImage", *, seed: int | None = None,
                    keep_trace: bool = False, card_factory: CardFactory | None = None,
@@ -178,7 +196,8 @@ class Session:
         s = cls(attach=attach, seed=img.seed if seed is None else seed, vms=specs,
                 exit_cost_ns=img.exit_cost_ns, config=Va1Config(**acc.config),
                 keep_trace=keep_trace, card_factory=card_factory,
-                pf_driver_factory=pf_driver_factory, card_options=options)
+                pf_driver_factory=pf_driver_factory, card_options=options,
+                faults=img.faults)
         s.image = img
         return s
 
@@ -198,8 +217,35 @@ class Session:
             self._release()
             self.state = SessionState.FAILED
             raise LaunchError(f"{self.attach} attachment: {e}") from e
+        if self.faults is not None:
+            try:
+                self._install(self.faults)
+            except FaultPlanError:
+                self._release()
+                self.state = SessionState.FAILED
+                raise
         self.state = SessionState.READY
         return self
+
+    def _install(self, plan: FaultPlan) -> None:
+        self.injector = FaultInjector(self.machine, plan, fault_targets(self.vms, self.host))
+        self.faults = plan
+
+    @_requires(SessionState.READY)
+    def install_faults(self, plan: FaultPlan) -> FaultInjector:
+        """Install a fault plan on a launched session, before its guests run (a session
+        takes one plan; `Session(faults=)` installs it at launch). FaultPlanError
+        naming the entry, with nothing installed, when the plan cannot run here."""
+        if self.injector is not None:
+            raise SessionStateError("Session.install_faults(): a fault plan is already "
+                                    "installed")
+        if self.tasks:
+            raise SessionStateError("Session.install_faults(): guest tasks were already "
+                                    "spawned; install the plan before them")
+        self._check_faults(plan)
+        self._install(plan)
+        assert self.injector is not None
+        return self.injector
 
     def _new_vm(self, spec: VmSpec) -> Vm:
         vm = Vm(self.machine, spec.name, ram_size=spec.memory, exit_cost_ns=self.exit_cost_ns)

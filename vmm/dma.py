@@ -5,17 +5,34 @@ and only guest RAM is reachable (never another device's registers).
 """
 from __future__ import annotations
 
+from typing import Protocol
+
 import numpy as np
 from device_model.ports import DmaFault
 
 from .memory import GuestMemory
 
 
+class DmaFaultHook(Protocol):
+    """What a fault plan (vmm.faults) plugs into a DMA port: it sees every access
+    before it is made and may refuse it (returns the reason) as an IOMMU fault would."""
+
+    def dma(self, iova: int, length: int, reads: bool, writes: bool) -> str | None: ...
+
+
 class GuestDma:
+    fault_hook: DmaFaultHook | None = None   # None unless a fault plan is installed
+
     def __init__(self, memory: GuestMemory) -> None:
         self.memory = memory
         self.bytes_read = 0
         self.bytes_written = 0
+
+    def _injected(self, iova: int, length: int, reads: bool, writes: bool) -> None:
+        assert self.fault_hook is not None
+        reason = self.fault_hook.dma(iova, length, reads, writes)
+        if reason is not None:
+            raise DmaFault(iova, length, writes, reason)
 
     def _check(self, iova: int, length: int, write: bool) -> None:
         if length < 0 or iova < 0 or iova + length > 1 << 64:
@@ -32,6 +49,8 @@ class GuestDma:
     # and leave the reasons to _check.
 
     def read(self, iova: int, length: int) -> bytes:
+        if self.fault_hook is not None:
+            self._injected(iova, length, True, False)
         mem = self.memory
         if length < 0 or iova < mem.base or iova + length > mem.base + mem.size:
             self._check(iova, length, False)
@@ -43,6 +62,8 @@ class GuestDma:
             n = len(data)
         else:
             n = data.nbytes if isinstance(data, np.ndarray) else len(memoryview(data).cast("B"))
+        if self.fault_hook is not None:
+            self._injected(iova, n, False, True)
         mem = self.memory
         if iova < mem.base or iova + n > mem.base + mem.size:
             self._check(iova, n, True)
@@ -50,6 +71,8 @@ class GuestDma:
         mem.write(iova, data)
 
     def view(self, iova: int, length: int) -> np.ndarray:
+        if self.fault_hook is not None:
+            self._injected(iova, length, True, True)
         mem = self.memory
         if length < 0 or iova < mem.base or iova + length > mem.base + mem.size:
             self._check(iova, length, True)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Protocol
 
 from guest_driver.kernel import PciHostBridge, PlatformDevice, RamRange
 
@@ -13,9 +13,18 @@ from .memory import GuestMemory
 from .trace import SourceTracer
 
 
+class MmioFaultHook(Protocol):
+    """What a fault plan (vmm.faults) plugs into a VM's MMIO path: extra virtual time
+    for a trapped access (an exit delayed)."""
+
+    def exit_delay_ns(self, addr: int, size: int) -> int: ...
+
+
 class GuestMmio:
     """Guest loads/stores to MMIO space: a trap into the device, charged an exit,
     unless the region is mapped straight into the guest (passthrough)."""
+
+    fault_hook: MmioFaultHook | None = None   # None unless a fault plan is installed
 
     def __init__(self, machine: Machine, bus: MmioBus, tracer: SourceTracer, exit_cost_ns: int) -> None:
         self._machine = machine
@@ -38,7 +47,8 @@ class GuestMmio:
         value = self._bus.read(addr, size)
         self._trace.emit("mmio_read", addr=addr, size=size, value=value, exit=exit_)
         if exit_:
-            self._machine.charge(self.exit_cost_ns)
+            self._machine.charge(self.exit_cost_ns if self.fault_hook is None
+                                 else self.exit_cost_ns + self.fault_hook.exit_delay_ns(addr, size))
         return value
 
     def write(self, addr: int, size: int, value: int) -> None:
@@ -46,7 +56,8 @@ class GuestMmio:
         self._trace.emit("mmio_write", addr=addr, size=size, value=value, exit=exit_)
         self._bus.write(addr, size, value)
         if exit_:
-            self._machine.charge(self.exit_cost_ns)
+            self._machine.charge(self.exit_cost_ns if self.fault_hook is None
+                                 else self.exit_cost_ns + self.fault_hook.exit_delay_ns(addr, size))
 
 
 class GuestSched:

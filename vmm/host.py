@@ -26,7 +26,7 @@ from .sriov import HostSriovPlatform, PfDriver, SriovError
 from .eventfd import EventfdWaitQueues
 from .iommu import Iommu, IommuDma, bdf, format_bdf
 from .machine import Machine
-from .msi import HOST_MSI_REMAPPED_LAST, HostMsiDomain
+from .msi import HOST_MSI_REMAPPED_LAST, HostMsiDomain, RequesterMsiPort
 from .pci.host_bridge import PciHost, PciSlot
 from .vfio.group import VfioGroup
 from .vfio.pci_device import VfioPciDevice
@@ -47,6 +47,7 @@ class HostPciFunction:
     group: VfioGroup | None = None
     pf: "HostPciFunction | None" = None   # a VF: its physical function
     vf_index: int | None = None           # a VF: its number, 1-based
+    msi: RequesterMsiPort | None = None   # the port its MSI-X messages leave by
 
 
 FunctionFactory = Callable[[DmaPort, MsiPort, str], tuple[PciFunction, object]]
@@ -93,13 +94,14 @@ class Host:
         if name in self.functions:
             raise ValueError(f"host already has a function at {name}")
         dma = IommuDma(self.iommu, rid)
-        function, device = factory(dma, self.msi.port(rid), f"{self.name}.{format_bdf(rid)}")
+        msi = self.msi.port(rid)
+        function, device = factory(dma, msi, f"{self.name}.{format_bdf(rid)}")
         slot = self.pci.add(function, dev, fn, bus, name=name)
         self.pci.assign_bars(slot)
         cmd = function.config_read(P.COMMAND, 2)
         self.pci.write(P.ecam_offset(bus, dev, fn, P.COMMAND), 2,
                        cmd | P.COMMAND_MEMORY | P.COMMAND_MASTER)
-        hf = HostPciFunction(name, rid, function, dma, slot, device)
+        hf = HostPciFunction(name, rid, function, dma, slot, device, msi=msi)
         self.functions[name] = hf
         return hf
 

@@ -32,6 +32,7 @@ from typing import Iterator, Union
 import numpy as np
 from device_model.ports import DmaFault, Tracer
 
+from .dma import DmaFaultHook
 from .errors import VmmError
 from .memory import GuestMemory, HostMemory
 
@@ -332,6 +333,8 @@ def _as_bytes(data: bytes | bytearray | memoryview | np.ndarray) -> np.ndarray:
 class IommuDma:
     """The DmaPort of one PCI function behind the IOMMU (see module docstring)."""
 
+    fault_hook: DmaFaultHook | None = None   # None unless a fault plan is installed
+
     def __init__(self, iommu: Iommu, requester_id: int) -> None:
         check_requester_id(requester_id)
         self.iommu = iommu
@@ -339,9 +342,14 @@ class IommuDma:
         self.bytes_read = 0
         self.bytes_written = 0
 
-    def _translate(self, iova: int, length: int, *, read: bool, write: bool
+    def _translate(self, iova: int, length: int, *, read: bool, write: bool, probe: bool = False
                    ) -> list[tuple[Mapping, int, int]]:
-        """Translate the whole range or log the fault and raise DmaFault."""
+        """Translate the whole range or log the fault and raise DmaFault (a probe moves
+        no data: a fault plan neither counts nor fails it)."""
+        if self.fault_hook is not None and not probe:
+            injected = self.fault_hook.dma(iova, length, read, write)
+            if injected is not None:
+                raise self.iommu.record_fault(self.requester_id, iova, length, write, injected)
         domain = self.iommu.domain_of(self.requester_id)
         if domain is None:
             reason = "attached to no IOMMU domain"
@@ -358,7 +366,7 @@ class IommuDma:
 
     def check(self, iova: int, length: int, write: bool) -> None:
         """Probe: raises (and logs) the DmaFault the access would raise; touches nothing."""
-        self._translate(iova, length, read=not write, write=write)
+        self._translate(iova, length, read=not write, write=write, probe=True)
 
     def read(self, iova: int, length: int) -> bytes:
         segs = self._translate(iova, length, read=True, write=False)

@@ -16,7 +16,7 @@ device the guest programmed, possibly wrongly.
 """
 from __future__ import annotations
 
-from typing import Callable, ClassVar
+from typing import Callable, ClassVar, Protocol
 
 from guest_driver.kernel import MsiMessage
 from hwspec.pci import MSI_ADDRESS_BASE
@@ -35,7 +35,17 @@ class IrqError(VmmError, ValueError):
     allocated here). Nothing changed."""
 
 
+class LineFaultHook(Protocol):
+    """What a fault plan (vmm.faults) plugs into a line: it sees every level the device
+    asks for and returns whether it takes effect now (it applies deferred ones itself,
+    through `Line.apply_level`)."""
+
+    def line(self, line: "Line", level: bool) -> bool: ...
+
+
 class Line(PendingIrq):
+    fault_hook: LineFaultHook | None = None   # None unless a fault plan is installed
+
     def __init__(self, chip: "InterruptController", number: int) -> None:
         self.chip = chip
         self.number = number
@@ -51,6 +61,12 @@ class Line(PendingIrq):
     # device side (device_model.ports.IrqLine)
     def set_level(self, level: bool) -> None:
         level = bool(level)
+        if self.fault_hook is not None and not self.fault_hook.line(self, level):
+            return
+        self.apply_level(level)
+
+    def apply_level(self, level: bool) -> None:
+        """The level the controller sees (set_level past the fault hook)."""
         if level == self.level:
             return
         self.level = level

@@ -159,16 +159,31 @@ class MsiReceiver(Protocol):
     def deliver(self, requester_id: int | None, address: int, data: int) -> None: ...
 
 
+class MsiFaultHook(Protocol):
+    """What a fault plan (vmm.faults) plugs into a sender's port: it takes every
+    message and decides whether, when and how often `port.pass_on` delivers it."""
+
+    def msi(self, port: "RequesterMsiPort", address: int, data: int) -> None: ...
+
+
 class RequesterMsiPort:
     """device_model.ports.MsiPort of one sender: its messages carry its requester ID."""
 
-    __slots__ = ("domain", "requester_id")
+    __slots__ = ("domain", "requester_id", "fault_hook")
 
     def __init__(self, domain: MsiReceiver, requester_id: int | None) -> None:
         self.domain = domain
         self.requester_id = requester_id
+        self.fault_hook: MsiFaultHook | None = None   # None unless a fault plan is installed
 
     def send(self, address: int, data: int) -> None:
+        if self.fault_hook is not None:
+            self.fault_hook.msi(self, address, data)
+            return
+        self.domain.deliver(self.requester_id, address, data)
+
+    def pass_on(self, address: int, data: int) -> None:
+        """Deliver a message past the fault hook (the hook's own sends)."""
         self.domain.deliver(self.requester_id, address, data)
 
 

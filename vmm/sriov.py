@@ -34,6 +34,7 @@ from hwspec.va1 import VfResources
 
 from .errors import VmmError
 from .iommu import IommuDma, format_bdf
+from .msi import RequesterMsiPort
 from .pci.host_bridge import BarWindow, PciError, size_bar_registers
 
 if TYPE_CHECKING:
@@ -207,6 +208,7 @@ class HostSriovPlatform:
             rid = self.vf_requester_id(n)
             if n not in self._ports:
                 self.vf_ports(n)
+            msi = self._ports[n][1]
             dma = self._ports[n][2]
             name = f"0000:{format_bdf(rid)}"
             bus, dev, fn = rid >> 8, rid >> 3 & 0x1F, rid & 7
@@ -216,7 +218,8 @@ class HostSriovPlatform:
                 self.trace.emit("vf_add_failed", vf=n, error=str(e))
                 continue
             hf = HostPciFunction(name, rid, function, dma, slot,
-                                 device=getattr(function, "device", None), pf=self.pf, vf_index=n)
+                                 device=getattr(function, "device", None), pf=self.pf, vf_index=n,
+                                 msi=msi if isinstance(msi, RequesterMsiPort) else None)
             self.host.functions[name] = hf
             self.vfs.append(hf)
             self.trace.emit("vf_add", vf=n, rid=format_bdf(rid))

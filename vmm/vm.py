@@ -17,6 +17,7 @@ from .guest import GuestKernelServices, GuestMmio, GuestSched
 from .irq import InterruptController
 from .machine import GuestTask, Machine
 from .memory import GuestMemory, HostMemory
+from .msi import RequesterMsiPort
 from .pci.host_bridge import PciHost, PciSlot
 
 if TYPE_CHECKING:
@@ -46,6 +47,7 @@ class EmulatedVa1Pci:
     device: Va1Device
     function: VirtioPciFunction
     slot: PciSlot
+    msi: RequesterMsiPort | None = None   # the port its MSI-X messages leave by
 
 
 @dataclass
@@ -132,9 +134,10 @@ class Vm:
         tracer = self.machine.trace.tracer(source)
         device = Va1Device(config or Va1Config(),
                            DevicePorts(dma=GuestDma(self.memory), clock=self.machine.sched, tracer=tracer))
-        function = VirtioPciFunction(device, self.irqchip.msi_port(), tracer=tracer)
+        msi = self.irqchip.msi_port()
+        function = VirtioPciFunction(device, msi, tracer=tracer)
         slot = self.attach_pci(function, source, dev)
-        attached = EmulatedVa1Pci(device, function, slot)
+        attached = EmulatedVa1Pci(device, function, slot, msi)
         self.pci_accelerators.append(attached)
         return attached
 
