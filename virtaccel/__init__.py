@@ -18,12 +18,14 @@ if TYPE_CHECKING:
                          VirtaccelError)
     from .models import RunReport, run_model
     from .session import ATTACHMENTS, Session, SessionState, VmSpec
+    from vmm.faults import FaultEntry, FaultPlan, FaultPlanError
 
 _EXPORTS = {
     "ATTACHMENTS": "session", "Session": "session", "SessionState": "session",
     "VmSpec": "session", "RunReport": "models", "run_model": "models",
     "ImageError": "errors", "LaunchError": "errors",
     "ScenarioError": "errors", "SessionStateError": "errors", "VirtaccelError": "errors",
+    "FaultEntry": "faults", "FaultPlan": "faults", "FaultPlanError": "faults",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
@@ -46,6 +48,7 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'virtaccel' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    source = "vmm.faults" if module == "faults" else f"{__name__}.{module}"
+    value = getattr(importlib.import_module(source), name)
     globals()[name] = value
     return value
