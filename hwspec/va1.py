@@ -79,6 +79,7 @@ class Status(IntEnum):
     CALL_DEPTH = 15       # CALL nesting deeper than max_call_depth
     TIMEOUT = 16          # a command ran past the function's preemption timeout
     STOPPED = 17          # the function was stopped by its PF while this was queued
+    WORK_LIMIT = 18       # a command over the work or working-memory bound (spec §7)
 
 
 NO_OFFSET = 0xFFFFFFFF  # error_offset when the error is not tied to a command
