@@ -82,6 +82,7 @@ class Status(IntEnum):
     TIMEOUT = 16          # a command ran past the function's preemption timeout
     STOPPED = 17          # the function was stopped by its PF while this was queued
     DEVICE_ERROR = 18     # the device failed internally carrying out this command
+    WORK_LIMIT = 19       # a command over the work or working-memory bound (spec §7)
 
 
 NO_OFFSET = 0xFFFFFFFF  # error_offset when the error is not tied to a command

@@ -85,7 +85,7 @@ class Command:
     alpha: float = 1.0
     beta: float = 0.0
     extra: dict[str, int] = field(default_factory=dict)
-    run: Callable[[], None] | None = None  # the bound kernel of the newer opcodes
+    run: Callable[[], None] | None = None  # its kernel, bound (operands, staging, budget)
     path: tuple[int, ...] = ()             # offsets inside nested callees (CALL)
 
     @property
@@ -300,7 +300,9 @@ def _resolve_dma_d2d(ck: _Checker, flags: int, p: tuple) -> Command:  # type: ig
     return Command(Opcode.DMA_D2D, ck.offset,
                    roofline_ns(cfg.cmd_overhead_ns, nbytes=2 * size,
                                bandwidth=cfg.mem_bandwidth),
-                   src=sview, dst=dview, size=size)
+                   src=sview, dst=dview, size=size,
+                   run=partial(kernels.move, sview, dview,
+                               budget=cfg.work_memory_size * 3 // 4))
 
 
 def _resolve_fence(opcode: Opcode) -> "_OneResolver":
@@ -326,9 +328,45 @@ def _peak(cfg: Va1Config, dt: DType) -> int:
 
 
 def _cost(ck: _Checker, dt: DType, flops: int, nbytes: int) -> int:
+    """The roofline cost; over max_command_flops is WORK_LIMIT (rule `work/flops`)."""
     cfg = ck.env.config
+    if flops > cfg.max_command_flops:
+        raise ck.fail(Status.WORK_LIMIT, f"work/flops: {flops} flops > max_command_flops "
+                                         f"{cfg.max_command_flops}")
     return roofline_ns(cfg.cmd_overhead_ns, flops=flops, peak_flops=_peak(cfg, dt),
                        nbytes=nbytes, bandwidth=cfg.mem_bandwidth)
+
+
+def _same_view(a: np.ndarray, b: np.ndarray) -> bool:
+    return (a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
+            and a.dtype == b.dtype and a.shape == b.shape and a.strides == b.strides)
+
+
+def _bind(ck: _Checker, kernel: Callable[..., None], operands: dict[str, np.ndarray | None],
+          out: str, in_place: frozenset[str] = frozenset(), **kw: object) -> Callable[[], None]:
+    """The command's kernel bound to its operands and its host-memory budget (spec §7,
+    "Work bounds"). Inputs that overlap the output other than in place (the very same
+    view, where each output reads only itself) are staged: copied before the kernel
+    runs. Staging more than half of work_memory_size is WORK_LIMIT (rule `work/memory`);
+    the kernel tiles within three quarters of what is left."""
+    mem = ck.env.config.work_memory_size
+    o = operands[out]
+    assert o is not None
+    snapshot: list[str] = []
+    staged = 0
+    for name, v in operands.items():
+        if name == out or v is None or not np.may_share_memory(v, o):
+            continue
+        if name in in_place and _same_view(v, o):
+            continue
+        snapshot.append(name)
+        staged += v.size * v.itemsize
+    if staged > mem // 2:
+        raise ck.fail(Status.WORK_LIMIT, f"work/memory: {'+'.join(snapshot)} overlapping "
+                                         f"{out} need {staged} bytes of staging > "
+                                         f"work_memory_size / 2 ({mem // 2})")
+    return partial(kernels.staged, kernel, operands, tuple(snapshot),
+                   (mem - staged) * 3 // 4, **kw)
 
 
 def _finite_f32(ck: _Checker, value: float, what: str, positive: bool = False) -> None:
@@ -371,10 +409,12 @@ def _resolve_gemm(ck: _Checker, flags: int, p: tuple) -> Command:  # type: ignor
         biasv = ck.device(bias, bias_bytes, "bias").view(isa.DTYPE_NUMPY[out_dt])
     nbytes = a_bytes + b_bytes + c_bytes + (c_bytes if beta != 0 else 0) + bias_bytes
     cost = _cost(ck, dt, 2 * m * n * k, nbytes)
-    run = None
+    operands = {"a": av, "b": bv, "c": cv, "bias": biasv}
     if dt == DType.I8:
-        run = partial(kernels.gemm_i8, av, bv, cv, biasv, beta == 1.0,
-                      act == isa.Activation.RELU)
+        run = _bind(ck, kernels.gemm_i8, operands, "c", accumulate=beta == 1.0,
+                    relu=act == isa.Activation.RELU)
+    else:
+        run = _bind(ck, kernels.gemm, operands, "c", alpha=alpha, beta=beta, activation=act)
     return Command(Opcode.GEMM, ck.offset, cost, dtype=dt, activation=act, a=av, b=bv, c=cv,
                    bias=biasv, alpha=alpha, beta=beta, extra={"m": m, "n": n, "k": k},
                    run=run)
@@ -408,8 +448,10 @@ def _resolve_elementwise(ck: _Checker, flags: int, p: tuple) -> Command:  # type
         av = av.reshape(count // cols, cols)
         ov = ov.reshape(count // cols, cols)
     cost = _cost(ck, dt, count, 2 * size + b_size)
+    run = _bind(ck, kernels.elementwise, {"a": av, "b": bv, "out": ov}, "out",
+                frozenset({"a"} if bcast else {"a", "b"}), op=op)
     return Command(Opcode.ELEMENTWISE, ck.offset, cost, dtype=dt, op=op, a=av, b=bv, dst=ov,
-                   size=size)
+                   size=size, run=run)
 
 
 def _resolve_copy(ck: _Checker, flags: int, p: tuple) -> Command:  # type: ignore[type-arg]
@@ -452,7 +494,7 @@ def _resolve_copy(ck: _Checker, flags: int, p: tuple) -> Command:  # type: ignor
     cost = roofline_ns(ck.env.config.cmd_overhead_ns, nbytes=nbytes,
                        bandwidth=ck.env.config.mem_bandwidth)
     return Command(Opcode.COPY, ck.offset, cost, dtype=dt, src=sv, dst=dv, size=count * es,
-                   run=partial(kernels.copy, sv, dv))
+                   run=_bind(ck, kernels.copy, {"src": sv, "dst": dv}, "dst"))
 
 
 def _resolve_conv2d(ck: _Checker, flags: int, p: tuple) -> Command:  # type: ignore[type-arg]
@@ -483,8 +525,9 @@ def _resolve_conv2d(ck: _Checker, flags: int, p: tuple) -> Command:  # type: ign
     yv = ck.typed(y, dt, (n, k, oh, ow), "y")
     nbytes = xv.nbytes + wv.nbytes + yv.nbytes + (0 if bv is None else bv.nbytes)
     cost = _cost(ck, dt, 2 * n * k * oh * ow * cg * r * s, nbytes)
-    run = partial(kernels.conv2d, xv, wv, bv, yv, groups=groups, stride=(sh, sw),
-                  dilation=(dh, dw), pads=(pt, pl, pb, pr), activation=act)
+    run = _bind(ck, kernels.conv2d, {"x": xv, "w": wv, "bias": bv, "y": yv}, "y",
+                groups=groups, stride=(sh, sw), dilation=(dh, dw), pads=(pt, pl, pb, pr),
+                activation=act)
     return Command(Opcode.CONV2D, ck.offset, cost, dtype=dt, activation=act, run=run,
                    extra={"oh": oh, "ow": ow})
 
@@ -503,7 +546,7 @@ def _resolve_softmax(ck: _Checker, flags: int, p: tuple) -> Command:  # type: ig
     yv = ck.typed(y, dt, (rows, cols), "y")
     cost = _cost(ck, dt, 5 * rows * cols, 2 * xv.nbytes)
     return Command(Opcode.SOFTMAX, ck.offset, cost, dtype=dt,
-                   run=partial(kernels.softmax, xv, yv))
+                   run=_bind(ck, kernels.softmax, {"x": xv, "y": yv}, "y", frozenset({"x"})))
 
 
 def _resolve_layernorm(ck: _Checker, flags: int, p: tuple) -> Command:  # type: ignore[type-arg]
@@ -518,7 +561,8 @@ def _resolve_layernorm(ck: _Checker, flags: int, p: tuple) -> Command:  # type: 
     yv = ck.typed(y, dt, (rows, cols), "y")
     cost = _cost(ck, dt, 8 * rows * cols, 2 * xv.nbytes + 2 * gv.nbytes)
     return Command(Opcode.LAYERNORM, ck.offset, cost, dtype=dt,
-                   run=partial(kernels.layernorm, xv, gv, bv, yv, eps))
+                   run=_bind(ck, kernels.layernorm, {"x": xv, "gamma": gv, "beta": bv, "y": yv},
+                             "y", frozenset({"x"}), epsilon=eps))
 
 
 def _resolve_reduce(ck: _Checker, flags: int, p: tuple) -> Command:  # type: ignore[type-arg]
@@ -531,7 +575,7 @@ def _resolve_reduce(ck: _Checker, flags: int, p: tuple) -> Command:  # type: ign
     yv = ck.typed(y, dt, (rows,), "y")
     cost = _cost(ck, dt, rows * cols, xv.nbytes + yv.nbytes)
     return Command(Opcode.REDUCE, ck.offset, cost, dtype=dt, op=op,
-                   run=partial(kernels.reduce, op, xv, yv))
+                   run=_bind(ck, kernels.reduce, {"x": xv, "y": yv}, "y", op=op))
 
 
 def _resolve_quant(ck: _Checker, opcode: Opcode, p: tuple) -> Command:  # type: ignore[type-arg]
@@ -548,8 +592,9 @@ def _resolve_quant(ck: _Checker, opcode: Opcode, p: tuple) -> Command:  # type: 
     fv = ck.typed(x if quant else y, dt, (count,), "x" if quant else "y")
     iv = ck.typed(y if quant else x, idt, (count,), "y" if quant else "x")
     cost = _cost(ck, dt, 2 * count, fv.nbytes + iv.nbytes)
-    run = (partial(kernels.quantize, fv, iv, scale, zp) if quant
-           else partial(kernels.dequantize, iv, fv, scale, zp))
+    run = (_bind(ck, kernels.quantize, {"x": fv, "y": iv}, "y", scale=scale, zero_point=zp)
+           if quant else
+           _bind(ck, kernels.dequantize, {"x": iv, "y": fv}, "y", scale=scale, zero_point=zp))
     return Command(opcode, ck.offset, cost, dtype=dt, run=run)
 
 
@@ -639,10 +684,10 @@ OPS: dict[Opcode, OpSpec] = {
     Opcode.DMA_H2D: OpSpec(_one(_resolve_dma_h2d), ex.dma_h2d, host_bytes=_size_host_bytes),
     Opcode.DMA_D2H: OpSpec(_one(_resolve_dma_d2h), ex.dma_d2h, host_bytes=_size_host_bytes,
                            host_writes=True),
-    Opcode.DMA_D2D: OpSpec(_one(_resolve_dma_d2d), ex.dma_d2d),
+    Opcode.DMA_D2D: OpSpec(_one(_resolve_dma_d2d), ex.bound_kernel),
     Opcode.COPY: OpSpec(_one(_resolve_copy), ex.bound_kernel),
-    Opcode.GEMM: OpSpec(_one(_resolve_gemm), ex.gemm, checks_flags=True),
-    Opcode.ELEMENTWISE: OpSpec(_one(_resolve_elementwise), ex.elementwise, checks_flags=True),
+    Opcode.GEMM: OpSpec(_one(_resolve_gemm), ex.bound_kernel, checks_flags=True),
+    Opcode.ELEMENTWISE: OpSpec(_one(_resolve_elementwise), ex.bound_kernel, checks_flags=True),
     Opcode.CONV2D: OpSpec(_one(_resolve_conv2d), ex.bound_kernel, checks_flags=True),
     Opcode.SOFTMAX: OpSpec(_one(_resolve_softmax), ex.bound_kernel),
     Opcode.LAYERNORM: OpSpec(_one(_resolve_layernorm), ex.bound_kernel),

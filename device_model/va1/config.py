@@ -32,6 +32,9 @@ LIMITS: dict[str, tuple[int, int, str]] = {
     "max_contexts": (1, 65536, "at least one context"),
     "max_call_depth": (0, 64, "CALL nesting the command processor recurses through"),
     "queue_size_max": (1, 32768, "a power of two (virtio split ring)"),
+    "work_memory_size": (_MIB, 16 * _GIB, "host bytes of one command's temporaries; "
+                         "numpy's own buffers and the smallest tiles need 1 MiB"),
+    "max_command_flops": (1, _U64, "u64, non-zero"),
 }
 
 
@@ -62,6 +65,10 @@ class Va1Config:
     max_contexts: int = 64
     max_call_depth: int = 8
     queue_size_max: int = va1.DEFAULT_QUEUE_SIZE_MAX  # not in config space
+    # The model's own bounds on one command (spec §7, "Work bounds"; not in config space):
+    # host memory its kernel may allocate, and the flops it may ask for.
+    work_memory_size: int = 32 * _MIB
+    max_command_flops: int = 1 << 33
 
     def __post_init__(self) -> None:
         """Every field checked here, so that nothing is built from a config the

@@ -15,9 +15,9 @@ from dm_driver import Rig, gemm, nop, signal
 
 from device_model import Va1Config
 from device_model.va1 import commands as C
-from device_model.va1.ops.execute import _gemm
+from device_model.va1.ops import kernels
 from device_model.va1.memory import DeviceMemory
-from hwspec.isa import Activation, DType, Opcode
+from hwspec.isa import Activation, Opcode
 from hwspec.va1 import Status
 
 
@@ -73,9 +73,7 @@ def test_gemm_in_place_epilogue_is_bit_exact(act: int, with_bias: bool) -> None:
     b = rng.standard_normal((33, 9), dtype=np.float32)
     bias = rng.standard_normal(9, dtype=np.float32) if with_bias else None
     c = np.full((17, 9), np.nan, np.float32)
-    cmd = C.Command(Opcode.GEMM, 0, 1, a=a, b=b, c=c, bias=bias, dtype=DType.F32,
-                    activation=act)
-    _gemm(cmd)
+    kernels.gemm(a, b, c, bias, alpha=1.0, beta=0.0, activation=act, budget=1 << 20)
     np.testing.assert_array_equal(c, _reference(a, b, bias, act))
 
 
@@ -86,9 +84,8 @@ def test_gemm_bias_aliasing_the_output_takes_the_general_path() -> None:
     c = rng.standard_normal((4, 4), dtype=np.float32)
     bias = c[0]  # the bias is the output's first row: read before the output is written
     want = _reference(a, b, bias.copy(), Activation.RELU)
-    cmd = C.Command(Opcode.GEMM, 0, 1, a=a, b=b, c=c, bias=bias, dtype=DType.F32,
-                    activation=Activation.RELU)
-    _gemm(cmd)
+    kernels.gemm(a, b, c, bias, alpha=1.0, beta=0.0, activation=Activation.RELU,
+                 budget=1 << 20)
     np.testing.assert_array_equal(c, want)
 
 

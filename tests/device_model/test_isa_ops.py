@@ -147,31 +147,28 @@ def test_conv2d_vs_direct_reference(rig: Rig, case: tuple, dtype: int,  # type: 
                                    rtol=2 ** -10, atol=2e-3)
 
 
-@pytest.mark.parametrize("budget", [1, 700, 4096])
+@pytest.mark.parametrize("budget", [1, 700, 4096, 1 << 16])
 @pytest.mark.parametrize("case", CONV_CASES)
-def test_conv2d_blocked_and_gathered_paths(rig: Rig, case: tuple,  # type: ignore[type-arg]
-                                           budget: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A tiny temporary budget forces the blocked im2col (several row blocks) and the
-    index-gather path (padded image over budget); results stay the same."""
+@pytest.mark.parametrize("dtype,act", [(0, 1), (1, 2)])
+def test_conv2d_blocked_and_tiled_paths(case: tuple, budget: int,  # type: ignore[type-arg]
+                                        dtype: int, act: int) -> None:
+    """A small memory budget forces several row blocks of the im2col path, or the tiled
+    gather path (output channels x pixels x reduction chunks); results stay the same."""
     from device_model.va1.ops import kernels
-    monkeypatch.setattr(kernels, "CONV_BUDGET_BYTES", budget)
     n, c, h, w, k, r, s, stride, pads, dil, groups = case
+    npdt = NPDT[dtype]
     rng = np.random.default_rng(SEED + budget)
-    x = rng.standard_normal((n, c, h, w)).astype(np.float32)
-    wt = rng.standard_normal((k, c // groups, r, s)).astype(np.float32)
-    b = rng.standard_normal(k).astype(np.float32)
-    put(rig, 0, x)
-    put(rig, 1 << 20, wt)
-    put(rig, 2 << 20, b)
-    ref = np.maximum(conv_ref(x.astype(np.float64), wt.astype(np.float64),
-                              b.astype(np.float64), stride, pads, dil, groups), 0)
-    ok(rig, enc(Opcode.CONV2D, isa.CONV_BIAS, dtype=0, activation=1, groups=groups, n=n,
-                c=c, h=h, w=w, k=k, r=r, s=s, stride_h=stride[0], stride_w=stride[1],
-                dilation_h=dil[0], dilation_w=dil[1], pad_top=pads[0], pad_left=pads[1],
-                pad_bottom=pads[2], pad_right=pads[3], x=0, weight=1 << 20, bias=2 << 20,
-                y=3 << 20))
-    np.testing.assert_allclose(get(rig, 3 << 20, "<f4", ref.shape), ref, rtol=1e-5,
-                               atol=1e-5)
+    x = rng.standard_normal((n, c, h, w)).astype(npdt)
+    wt = rng.standard_normal((k, c // groups, r, s)).astype(npdt)
+    b = rng.standard_normal(k).astype(npdt)
+    ref = act_ref(conv_ref(x.astype(np.float64), wt.astype(np.float64),
+                           b.astype(np.float64), stride, pads, dil, groups), act)
+    y = np.full(ref.shape, np.nan, npdt)
+    kernels.conv2d(x, wt, b, y, groups=groups, stride=stride, dilation=dil, pads=pads,
+                   activation=act, budget=budget)
+    np.testing.assert_allclose(y.astype(np.float64), ref.astype(npdt).astype(np.float64),
+                               rtol=1e-5 if dtype == 0 else 2 ** -10,
+                               atol=1e-5 if dtype == 0 else 2e-3)
 
 
 def test_conv2d_huge_padding_and_dilation_stay_small(rig: Rig) -> None:

@@ -136,6 +136,17 @@ def test_never_finishing_command_hits_the_preemption_timeout(make_bed) -> None: 
         assert out.bed.pf_driver().stats(v.index)["timeouts"] == 0
 
 
+def test_a_command_over_the_work_bounds_is_refused(make_bed) -> None:  # type: ignore[no-untyped-def]
+    """The isolation issue's CONV2D from a VF with a 37 MiB partition: WORK_LIMIT at
+    validation, its context faulted, victims unaffected (no host memory, no wall time)."""
+    res = [SMALL_VF, VfResources(**{**SMALL_VF.as_dict(), "device_memory": 37 << 20}),
+           SMALL_VF]
+    out = attack(make_bed, attacks.huge_command, resources=res)
+    r = assert_contained(out)
+    assert r["shot"]["start_ns"] == r["shot"]["end_ns"]  # nothing ran
+    assert out.bed.monitor.functions[ATTACKER].failed == {"WORK_LIMIT": 1}
+
+
 def test_repeated_self_reset_and_flr(make_bed) -> None:  # type: ignore[no-untyped-def]
     out = attack(make_bed, attacks.reset_storm, rounds=3)
     r = assert_contained(out)

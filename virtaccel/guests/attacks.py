@@ -46,9 +46,10 @@ class _Shooter:
         self.view = acc.mmap(self.h, size)
         self.size = size
 
-    def shoot(self, raw: bytes, queue: int = 0, timeout_ns: int = -1) -> dict[str, Any]:
+    def shoot(self, raw: bytes, queue: int = 0, timeout_ns: int = -1,
+              handles: tuple[int, ...] = ()) -> dict[str, Any]:
         self.view[:len(raw)] = np.frombuffer(raw, dtype=np.uint8)
-        fence = self.acc.submit(self.ctx, queue, self.h, 0, len(raw))
+        fence = self.acc.submit(self.ctx, queue, self.h, 0, len(raw), handles)
         w = wait_signalled(self.acc, self.ctx, fence, timeout_ns)
         out: dict[str, Any] = {"status": _status(w.status), "offset": w.error_offset,
                                "start_ns": w.start_ns, "end_ns": w.end_ns}
@@ -246,6 +247,27 @@ def never_finishing(os: Any, seed: int = 0) -> dict[str, Any]:
     return {"ok": ok, "shot": shot, "attack_ns": t0, "done_ns": guest_now(os)}
 
 
+def huge_command(os: Any, seed: int = 0) -> dict[str, Any]:
+    """The isolation issue's CONV2D: n=1 c=1 h=2048 w=4096 with a 2048x2048 kernel
+    (17 GFLOP, 32 GiB of im2col if done naively), its weight inside its input so that it
+    fits a 37 MiB partition: refused WORK_LIMIT at validation (spec §7, Work bounds)."""
+    t0 = guest_now(os)
+    acc = DriverFile.open(os, DEV)
+    sh = _Shooter(acc)
+    mib = 1 << 20
+    dh, daddr = acc.bo_create(36 * mib, U.BO_DEVICE)
+    op = isa.Opcode.CONV2D
+    fields = dict(dtype=int(isa.DType.F32), groups=1, n=1, c=1, h=2048, w=4096, k=1, r=2048,
+                  s=2048, stride_h=1, stride_w=1, dilation_h=1, dilation_w=1, x=daddr,
+                  weight=daddr + 4 * mib, y=daddr + 36 * mib - 16384)
+    layout = isa.PAYLOAD[op]
+    raw = struct.pack(isa.HEADER.format, op, 0, isa.command_length(op)) + struct.pack(
+        layout.format, *(fields.get(name, 0) for name in layout.names))
+    shot = sh.shoot(raw, handles=(dh,))
+    ok = shot["status"] == "WORK_LIMIT" and shot["offset"] == 0 and shot["after"] == "ECANCELED"
+    return {"ok": ok, "shot": shot, "attack_ns": t0, "done_ns": guest_now(os)}
+
+
 def _vf_function(os: Any) -> Any:
     host = os.kernel.pci_hosts[0]
     fns = [f for f in scan_host(os.kernel, host).functions if f.vendor_id == A.PCI_VENDOR_ID]
@@ -356,6 +378,7 @@ ATTACKS = {
     "long_cmdbuf": long_cmdbuf,
     "deep_call": deep_call,
     "never_finishing": never_finishing,
+    "huge_command": huge_command,
     "reset_storm": reset_storm,
     "admin_from_vf": admin_from_vf,
     "touch_pf": touch_pf,

@@ -1,119 +1,187 @@
-"""VA-1 op kernels: CONV2D (im2col + matmul), SOFTMAX, LAYERNORM, REDUCE, QUANTIZE,
-DEQUANTIZE, int8 GEMM and strided COPY. Inputs are zero-copy views of device memory;
-every kernel reads all of its inputs before it writes its output, so any overlap of
-inputs and output is allowed."""
+"""VA-1 op kernels: GEMM (float and int8), ELEMENTWISE, CONV2D (im2col + matmul),
+SOFTMAX, LAYERNORM, REDUCE, QUANTIZE, DEQUANTIZE, strided COPY and the D2D move.
+
+Inputs are zero-copy views of device memory. Every kernel takes `budget`: the host bytes
+its temporaries may use (spec §7, "Work bounds": the function's work_memory_size less
+what was staged). A kernel whose whole problem fits the budget computes it in one piece;
+otherwise it tiles over independent outputs (rows, pixels, output channels) and, when
+even one output needs more, over the reduction. Tiling over outputs gives the same bits;
+a split reduction rounds in another order.
+
+Tiles write their outputs as they go, so an input must not overlap the output except in
+place (the same view, each output read only by itself): the validator copies the other
+overlapping inputs first (`staged`), which is what makes "reads all inputs before it
+writes" hold.
+"""
 from __future__ import annotations
+
+from typing import Any, Callable
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from hwspec.isa import ReduceOp
+from hwspec.isa import Activation, EltOp, ReduceOp
 
-from .activations import apply_activation
+from .activations import apply_activation, gelu64, sigmoid64
 
 _F32 = np.dtype("<f4")
 _F64 = np.dtype("<f8")
 
+# Temporary bytes per element of the pointwise functions and epilogues (GELU and
+# SIGMOID go through a dozen-odd f64 arrays); they size the tiles.
+_ACT_BYTES: dict[int, int] = {Activation.NONE: 0, Activation.RELU: 0, Activation.GELU: 160,
+                              Activation.SIGMOID: 112}
+_ELT_ACT = {EltOp.GELU: (gelu64, 160), EltOp.SIGMOID: (sigmoid64, 112)}
 
-# Temporary buffers of CONV2D (padded image, im2col block) stay near this size whatever
-# the command asks for; work is split into blocks of output pixels to keep it so.
-CONV_BUDGET_BYTES = 32 << 20
+
+def staged(kernel: Callable[..., None], operands: dict[str, Any], snapshot: tuple[str, ...],
+           budget: int, **kw: Any) -> None:
+    """Run `kernel` on `operands` after copying the named ones: inputs that overlap the
+    output other than in place, so that tiles never read what an earlier tile wrote."""
+    ops = dict(operands)
+    for name in snapshot:
+        ops[name] = np.array(ops[name])
+    kernel(**ops, budget=budget, **kw)
 
 
-def conv2d(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, y: np.ndarray, *,
-           groups: int, stride: tuple[int, int], dilation: tuple[int, int],
-           pads: tuple[int, int, int, int], activation: int) -> None:
-    """y = act(conv(x, w) + bias); x NCHW, w OIHW (I = C/groups), y NKHW; f32 math.
+def _chunks(total: int, step: int) -> range:
+    return range(0, total, max(1, step))
 
-    im2col + matmul per image and block of output rows: a strided view
-    (G, Cg, R, S, rows, OW) of the zero-padded image is gathered into
-    (G, Cg*R*S, rows*OW) and multiplied by the (G, Kg, Cg*R*S) weights. When even the
-    padded image would be larger than CONV_BUDGET_BYTES (huge pads or dilations), the
-    columns are gathered by index arrays from the unpadded image instead."""
-    n, c, h, wd = x.shape
-    k, cg, r, s = w.shape
-    _, _, oh, ow = y.shape
-    g = groups
-    kg = k // g
-    pt, pl, pb, pr = pads
-    sh, sw = stride
-    dh, dw = dilation
-    wg = w.astype(_F32).reshape(g, kg, cg * r * s)
-    out = np.empty((n, k, oh * ow), _F32)
-    col_bytes = c * r * s * 4  # one output pixel's column
-    padded = c * (h + pt + pb) * (wd + pl + pr) * 4
-    if padded <= CONV_BUDGET_BYTES:
-        rows = max(1, CONV_BUDGET_BYTES // max(1, col_bytes * ow))
-        for i in range(n):
-            xi = x[i].astype(_F32)
-            if pt or pl or pb or pr:
-                xi = np.pad(xi, ((0, 0), (pt, pb), (pl, pr)))
-            s_c, s_h, s_w = xi.strides
-            for r0 in range(0, oh, rows):
-                nr = min(rows, oh - r0)
-                cols = as_strided(xi[:, r0 * sh:], shape=(g, cg, r, s, nr, ow),
-                                  strides=(cg * s_c, s_c, s_h * dh, s_w * dw, s_h * sh,
-                                           s_w * sw), writeable=False)
-                res = np.matmul(wg, cols.reshape(g, cg * r * s, nr * ow))
-                out[i, :, r0 * ow:(r0 + nr) * ow] = res.reshape(k, nr * ow)
-    else:
-        npix = max(1, CONV_BUDGET_BYTES // col_bytes)
-        for i in range(n):
-            xi = x[i].astype(_F32)
-            for p0 in range(0, oh * ow, npix):
-                pix = np.arange(p0, min(p0 + npix, oh * ow))
-                ih = (pix // ow * sh - pt)[None, :] + (np.arange(r) * dh)[:, None]  # (r, P)
-                iw = (pix % ow * sw - pl)[None, :] + (np.arange(s) * dw)[:, None]  # (s, P)
-                ok = ((ih >= 0) & (ih < h))[:, None, :] & ((iw >= 0) & (iw < wd))[None]
-                cols = xi[:, np.clip(ih, 0, h - 1)[:, None, :], np.clip(iw, 0, wd - 1)[None]]
-                cols *= ok  # (c, r, s, P), zero where the window is in the padding
-                res = np.matmul(wg, cols.reshape(g, cg * r * s, pix.size))
-                out[i, :, p0:p0 + pix.size] = res.reshape(k, pix.size)
-    out4 = out.reshape(n, k, oh, ow)
+
+# --- GEMM ------------------------------------------------------------------------------
+
+def _gemm_tiles(m: int, n: int, k: int, budget: int, a_es: int, b_es: int,
+                out_es: int) -> tuple[int, int, int]:
+    """(mb, nb, kb): a tile whose A (mb x kb, `a_es` temporary bytes an element), B
+    (kb x nb) and output (mb x nb) temporaries fit `budget`; the whole problem if it fits."""
+    if m * k * a_es + k * n * b_es + m * n * out_es <= budget:
+        return m, n, k
+    q = max(1, budget // 3)
+    kb = min(k, max(1, q // max(a_es, b_es, 1)))
+    nb = min(n, max(1, q // max(kb * b_es, out_es)))
+    mb = min(m, max(1, q // max(kb * a_es, 1)), max(1, q // (nb * out_es)))
+    return mb, nb, kb
+
+
+def gemm(a: np.ndarray, b: np.ndarray, c: np.ndarray, bias: np.ndarray | None, *,
+         alpha: float, beta: float, activation: int, budget: int) -> None:
+    """C = act(alpha * A @ B + beta * C + bias) in f32, rounded once to C's dtype."""
+    f32 = a.dtype == _F32 and a.flags.aligned and b.flags.aligned and c.flags.aligned
+    if (f32 and alpha == 1.0 and beta == 0.0
+            and activation in (Activation.NONE, Activation.RELU)
+            and not np.may_share_memory(c, a) and not np.may_share_memory(c, b)
+            and (bias is None or (bias.dtype == _F32 and not np.may_share_memory(bias, c)))):
+        # Fast path: BLAS writes straight into device memory; the epilogue (bias, ReLU)
+        # runs in place on it. Same f32 operations in the same order as the tiles below.
+        np.matmul(a, b, out=c)
+        if bias is not None:
+            np.add(c, bias, out=c)
+        if activation == Activation.RELU:
+            np.maximum(c, 0, out=c)
+        return
+    m, k = a.shape
+    n = b.shape[1]
+    conv = 0 if f32 else 4
+    mb, nb, kb = _gemm_tiles(m, n, k, budget, conv, conv, 16 + _ACT_BYTES[activation])
+    for n0 in _chunks(n, nb):
+        for m0 in _chunks(m, mb):
+            _gemm_tile(a[m0:m0 + mb], b[:, n0:n0 + nb], c[m0:m0 + mb, n0:n0 + nb],
+                       None if bias is None else bias[n0:n0 + nb], kb, bool(conv),
+                       alpha, beta, activation)
+
+
+def _f32_product(a: np.ndarray, b: np.ndarray, conv: bool) -> np.ndarray:
+    """A @ B in f32 (a function: the converted blocks are gone when it returns)."""
+    p: np.ndarray = np.matmul(a.astype(_F32), b.astype(_F32)) if conv else np.matmul(a, b)
+    return p
+
+
+def _gemm_tile(a: np.ndarray, b: np.ndarray, c: np.ndarray, bias: np.ndarray | None,
+               kb: int, conv: bool, alpha: float, beta: float, activation: int) -> None:
+    """One output tile (a function, so that its temporaries are gone when it returns)."""
+    k = a.shape[1]
+    t = _f32_product(a[:, :kb], b[:kb], conv)
+    for k0 in range(kb, k, kb):
+        t += _f32_product(a[:, k0:k0 + kb], b[k0:k0 + kb], conv)
+    if alpha != 1.0:
+        t *= np.float32(alpha)
+    if beta != 0.0:
+        t += np.float32(beta) * c.astype(_F32)
     if bias is not None:
-        out4 += bias.astype(_F32).reshape(k, 1, 1)
-    np.copyto(y, apply_activation(out4, activation), casting="unsafe")
+        t += bias.astype(_F32)
+    np.copyto(c, apply_activation(t, activation), casting="unsafe")
 
 
-def softmax(x: np.ndarray, y: np.ndarray) -> None:
-    """Row-wise softmax over the last axis, max-subtracted, in f32."""
-    t = x.astype(_F32)
-    t -= t.max(axis=1, keepdims=True)
-    np.exp(t, out=t)
-    t /= t.sum(axis=1, keepdims=True)
-    np.copyto(y, t, casting="unsafe")
+def gemm_i8(a: np.ndarray, b: np.ndarray, c: np.ndarray, bias: np.ndarray | None, *,
+            accumulate: bool, relu: bool, budget: int) -> None:
+    """C(i32) = [relu](A(i8) @ B(i8) [+ C] [+ bias]) exactly, wrapped to 32 bits.
+
+    Products sum to at most k * 2^14 < 2^46, exact in float64, so BLAS does the work;
+    a split k sums its exact partial results in int64."""
+    m, k = a.shape
+    n = b.shape[1]
+    mb, nb, kb = _gemm_tiles(m, n, k, budget, 8, 8, 40)
+    for n0 in _chunks(n, nb):
+        for m0 in _chunks(m, mb):
+            _gemm_i8_tile(a[m0:m0 + mb], b[:, n0:n0 + nb], c[m0:m0 + mb, n0:n0 + nb],
+                          None if bias is None else bias[n0:n0 + nb], kb, accumulate, relu)
 
 
-def layernorm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, y: np.ndarray,
-              epsilon: float) -> None:
-    """(x - mean) / sqrt(var + eps) * gamma + beta over the last axis (biased var), f32."""
-    t = x.astype(_F32)
-    mean = t.mean(axis=1, keepdims=True, dtype=_F32)
-    t -= mean
-    var = np.mean(np.square(t), axis=1, keepdims=True, dtype=_F32)
-    t /= np.sqrt(var + np.float32(epsilon))
-    t *= gamma.astype(_F32)
-    t += beta.astype(_F32)
-    np.copyto(y, t, casting="unsafe")
+def _i64_product(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    p: np.ndarray = np.matmul(a.astype(_F64), b.astype(_F64)).astype(np.int64)
+    return p
 
 
-def reduce(op: int, x: np.ndarray, y: np.ndarray) -> None:
-    """SUM / MAX / MEAN / MIN over the last axis of [rows, cols], f32."""
-    t = x.astype(_F32)
-    if op == ReduceOp.SUM:
-        r = t.sum(axis=1, dtype=_F32)
-    elif op == ReduceOp.MEAN:
-        r = t.mean(axis=1, dtype=_F32)
-    elif op == ReduceOp.MAX:
-        r = t.max(axis=1)
+def _gemm_i8_tile(a: np.ndarray, b: np.ndarray, c: np.ndarray, bias: np.ndarray | None,
+                  kb: int, accumulate: bool, relu: bool) -> None:
+    k = a.shape[1]
+    t = _i64_product(a[:, :kb], b[:kb])
+    for k0 in range(kb, k, kb):
+        t += _i64_product(a[:, k0:k0 + kb], b[k0:k0 + kb])
+    if accumulate:
+        t += c
+    if bias is not None:
+        t += bias
+    t32 = t.astype(np.int32)  # two's complement wrap (astype of int64 to int32 wraps)
+    del t
+    if relu:
+        np.maximum(t32, 0, out=t32)
+    np.copyto(c, t32)
+
+
+# --- pointwise ---------------------------------------------------------------------------
+
+_BINARY = {EltOp.ADD: np.add, EltOp.MUL: np.multiply, EltOp.SUB: np.subtract,
+           EltOp.DIV: np.divide}
+
+
+def elementwise(a: np.ndarray, b: np.ndarray | None, out: np.ndarray, *, op: int,
+                budget: int) -> None:
+    """One numpy ufunc per command (no temporaries); f16 binary ops round once (numpy
+    computes them in f32). GELU and SIGMOID go through f64 in chunks and round once."""
+    if op == EltOp.RELU:
+        np.maximum(a, a.dtype.type(0), out=out)
+    elif op in _ELT_ACT:
+        fn, per = _ELT_ACT[EltOp(op)]
+        fa, fo = a.reshape(-1), out.reshape(-1)
+        step = max(1, budget // per)
+        for i in _chunks(fa.size, step):
+            np.copyto(fo[i:i + step], fn(fa[i:i + step]), casting="unsafe")
     else:
-        r = t.min(axis=1)
-    np.copyto(y, r, casting="unsafe")
+        assert b is not None
+        _BINARY[EltOp(op)](a, b, out=out)  # b of shape [cols] broadcasts over rows
 
 
-def quantize(x: np.ndarray, y: np.ndarray, scale: float, zero_point: int) -> None:
+def quantize(x: np.ndarray, y: np.ndarray, *, scale: float, zero_point: int,
+             budget: int) -> None:
     """ONNX QuantizeLinear: saturate(rint(x / scale) + zp) to int8; rint is half-to-even.
     NaN maps to zp, +-inf saturate."""
+    step = max(1, budget // 16)
+    for i in _chunks(x.size, step):
+        _quantize(x[i:i + step], y[i:i + step], scale, zero_point)
+
+
+def _quantize(x: np.ndarray, y: np.ndarray, scale: float, zero_point: int) -> None:
     t = x.astype(_F32) / np.float32(scale)
     np.rint(t, out=t)
     np.nan_to_num(t, copy=False, nan=0.0)
@@ -122,31 +190,319 @@ def quantize(x: np.ndarray, y: np.ndarray, scale: float, zero_point: int) -> Non
     np.copyto(y, t, casting="unsafe")
 
 
-def dequantize(x: np.ndarray, y: np.ndarray, scale: float, zero_point: int) -> None:
+def dequantize(x: np.ndarray, y: np.ndarray, *, scale: float, zero_point: int,
+               budget: int) -> None:
     """ONNX DequantizeLinear: (x - zp) * scale; x - zp exact (int64), then f32."""
+    step = max(1, budget // 32)
+    for i in _chunks(x.size, step):
+        _dequantize(x[i:i + step], y[i:i + step], scale, zero_point)
+
+
+def _dequantize(x: np.ndarray, y: np.ndarray, scale: float, zero_point: int) -> None:
     t = (x.astype(np.int64) - zero_point).astype(_F32)
     t *= np.float32(scale)
     np.copyto(y, t, casting="unsafe")
 
 
-def gemm_i8(a: np.ndarray, b: np.ndarray, c: np.ndarray, bias: np.ndarray | None,
-            accumulate: bool, relu: bool) -> None:
-    """C(i32) = [relu](A(i8) @ B(i8) [+ C] [+ bias]) exactly, wrapped to 32 bits.
+# --- row-wise ----------------------------------------------------------------------------
+# A block of whole rows when one row fits the budget (the same bits as the whole
+# command); else each row in passes over column chunks. Loop bodies are functions so
+# that a chunk's temporaries are freed before the next chunk's are made.
 
-    Products sum to at most k * 2^14 < 2^46, exact in float64, so BLAS does the work."""
-    t = np.matmul(a.astype(_F64), b.astype(_F64)).astype(np.int64)
-    if accumulate:
-        t += c
+def softmax(x: np.ndarray, y: np.ndarray, *, budget: int) -> None:
+    """Row-wise softmax over the last axis, max-subtracted, in f32; a row larger than
+    the budget in three passes (max, sum of exponentials, write)."""
+    rows, cols = x.shape
+    block = budget // (8 * cols)
+    if block:
+        for r0 in _chunks(rows, block):
+            _softmax_rows(x[r0:r0 + block], y[r0:r0 + block])
+        return
+    step = max(1, budget // 16)
+    for i in range(rows):
+        xr, yr = x[i], y[i]
+        mx = np.float32(-np.inf)
+        for j in _chunks(cols, step):
+            mx = np.maximum(mx, xr[j:j + step].max().astype(_F32))
+        total = np.float32(0)
+        for j in _chunks(cols, step):
+            total = np.float32(total + _exp_minus(xr[j:j + step], mx).sum(dtype=_F32))
+        for j in _chunks(cols, step):
+            np.copyto(yr[j:j + step], _exp_minus(xr[j:j + step], mx) / total,
+                      casting="unsafe")
+
+
+def _softmax_rows(x: np.ndarray, y: np.ndarray) -> None:
+    t = x.astype(_F32)
+    t -= t.max(axis=1, keepdims=True)
+    np.exp(t, out=t)
+    t /= t.sum(axis=1, keepdims=True)
+    np.copyto(y, t, casting="unsafe")
+
+
+def _exp_minus(x: np.ndarray, mx: np.float32) -> np.ndarray:
+    t = x.astype(_F32)
+    t -= mx
+    return np.exp(t, out=t)
+
+
+def layernorm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, y: np.ndarray, *,
+              epsilon: float, budget: int) -> None:
+    """(x - mean) / sqrt(var + eps) * gamma + beta over the last axis (biased var), f32;
+    a row larger than the budget in three passes (sum, squared deviations, write)."""
+    rows, cols = x.shape
+    eps = np.float32(epsilon)
+    block = (budget - 8 * cols) // (8 * cols)
+    if block > 0:
+        g, b = gamma.astype(_F32), beta.astype(_F32)
+        for r0 in _chunks(rows, block):
+            _layernorm_rows(x[r0:r0 + block], g, b, y[r0:r0 + block], eps)
+        return
+    step = max(1, budget // 32)
+    n = np.float32(cols)
+    for i in range(rows):
+        xr, yr = x[i], y[i]
+        total = np.float32(0)
+        for j in _chunks(cols, step):
+            total = np.float32(total + xr[j:j + step].sum(dtype=_F32))
+        mean = np.float32(total / n)
+        sq = np.float32(0)
+        for j in _chunks(cols, step):
+            sq = np.float32(sq + _sq_dev(xr[j:j + step], mean))
+        std = np.sqrt(np.float32(sq / n) + eps)
+        for j in _chunks(cols, step):
+            _normalize(xr[j:j + step], gamma[j:j + step], beta[j:j + step],
+                       yr[j:j + step], mean, std)
+
+
+def _layernorm_rows(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, y: np.ndarray,
+                    eps: np.float32) -> None:
+    t = x.astype(_F32)
+    mean = t.mean(axis=1, keepdims=True, dtype=_F32)
+    t -= mean
+    var = np.mean(np.square(t), axis=1, keepdims=True, dtype=_F32)
+    t /= np.sqrt(var + eps)
+    t *= gamma
+    t += beta
+    np.copyto(y, t, casting="unsafe")
+
+
+def _sq_dev(x: np.ndarray, mean: np.float32) -> np.float32:
+    t = x.astype(_F32)
+    t -= mean
+    np.square(t, out=t)
+    return np.float32(t.sum(dtype=_F32))
+
+
+def _normalize(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, y: np.ndarray,
+               mean: np.float32, std: np.float32) -> None:
+    t = x.astype(_F32)
+    t -= mean
+    t /= std
+    t *= gamma.astype(_F32)
+    t += beta.astype(_F32)
+    np.copyto(y, t, casting="unsafe")
+
+
+def reduce(x: np.ndarray, y: np.ndarray, *, op: int, budget: int) -> None:
+    """SUM / MAX / MEAN / MIN over the last axis of [rows, cols], f32 (pairwise sums);
+    a row larger than the budget is reduced chunk by chunk."""
+    rows, cols = x.shape
+    block = budget // (4 * cols)
+    if block:
+        for r0 in _chunks(rows, block):
+            np.copyto(y[r0:r0 + block], _reduce(op, x[r0:r0 + block], 1), casting="unsafe")
+        return
+    step = max(1, budget // 8)
+    combine = {ReduceOp.MAX: np.maximum, ReduceOp.MIN: np.minimum}.get(ReduceOp(op), np.add)
+    for i in range(rows):
+        xr = x[i]
+        acc = _reduce(op, xr[:step], None)
+        for j in range(step, cols, step):
+            acc = combine(acc, _reduce(op, xr[j:j + step], None), dtype=_F32)
+        if op == ReduceOp.MEAN:  # the chunks' sums, divided once
+            acc = np.float32(acc / np.float32(cols))
+        y[i] = acc
+
+
+def _reduce(op: int, x: np.ndarray, axis: int | None) -> Any:
+    """`op` over `axis` of x in f32; over all of a chunk (axis None) MEAN is the sum."""
+    t = x.astype(_F32)
+    if op == ReduceOp.SUM:
+        return t.sum(axis=axis, dtype=_F32)
+    if op == ReduceOp.MEAN:
+        return t.mean(axis=axis, dtype=_F32) if axis is not None else t.sum(dtype=_F32)
+    if op == ReduceOp.MAX:
+        return t.max(axis=axis)
+    return t.min(axis=axis)
+
+
+# --- CONV2D ------------------------------------------------------------------------------
+
+def conv2d(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, y: np.ndarray, *,
+           groups: int, stride: tuple[int, int], dilation: tuple[int, int],
+           pads: tuple[int, int, int, int], activation: int, budget: int) -> None:
+    """y = act(conv(x, w) + bias); x NCHW, w OIHW (I = C/groups), y NKHW; f32 math.
+
+    im2col + matmul per image and block of output rows: a strided view
+    (G, Cg, R, S, rows, OW) of the (zero-padded, f32) image is gathered into
+    (G, Cg*R*S, rows*OW) and multiplied by the (G, Kg, Cg*R*S) weights; each block's
+    epilogue is written to y at once. When even one output row of that does not fit the
+    budget (or the padded image does not), `_conv2d_tiled` gathers columns by index in
+    tiles of output channels, pixels and the reduction."""
+    n, c, h, wd = x.shape
+    k, cg, r, s = w.shape
+    _, _, oh, ow = y.shape
+    g = groups
+    pt, pl, pb, pr = pads
+    sh, sw = stride
+    dh, dw = dilation
+    padded = bool(pt or pl or pb or pr)
+    w_conv = 0 if (w.dtype == _F32 and w.flags.aligned) else w.size * 4
+    x_conv = c * (h + pt + pb) * (wd + pl + pr) * 4 if (padded or x.dtype != _F32) else 0
+    per_row = ow * (c * r * s * 4 + k * (8 + _ACT_BYTES[activation]))
+    rows = (budget - w_conv - x_conv - k * 4) // per_row
+    if rows < 1:
+        _conv2d_tiled(x, w, bias, y, groups=groups, stride=stride, dilation=dilation,
+                      pads=pads, activation=activation, budget=budget)
+        return
+    wg = (w.astype(_F32) if w_conv else w).reshape(g, k // g, cg * r * s)
+    b32 = None if bias is None else bias.astype(_F32).reshape(k, 1)
+    for i in range(n):
+        _conv2d_image(x[i], wg, b32, y[i], rows, bool(x_conv), stride=stride,
+                      dilation=dilation, pads=pads, kernel=(r, s), activation=activation)
+
+
+def _conv2d_image(x: np.ndarray, wg: np.ndarray, b32: np.ndarray | None, y: np.ndarray,
+                  rows: int, pad: bool, *, stride: tuple[int, int],
+                  dilation: tuple[int, int], pads: tuple[int, int, int, int],
+                  kernel: tuple[int, int], activation: int) -> None:
+    """One image [c, h, w] into y [k, oh, ow], `rows` output rows at a time."""
+    c, h, wd = x.shape
+    k, oh, ow = y.shape
+    g, _, red = wg.shape
+    cg = c // g
+    r, s = kernel
+    pt, pl, pb, pr = pads
+    sh, sw = stride
+    dh, dw = dilation
+    if pad:
+        xp = np.zeros((c, h + pt + pb, wd + pl + pr), _F32)
+        xp[:, pt:pt + h, pl:pl + wd] = x
+        x = xp
+    s_c, s_h, s_w = x.strides
+    for r0 in _chunks(oh, rows):
+        nr = min(rows, oh - r0)
+        cols = as_strided(x[:, r0 * sh:], shape=(g, cg, r, s, nr, ow),
+                          strides=(cg * s_c, s_c, s_h * dh, s_w * dw, s_h * sh, s_w * sw),
+                          writeable=False)
+        _conv2d_block(wg, cols.reshape(g, red, nr * ow), b32, y[:, r0:r0 + nr, :],
+                      activation)
+
+
+def _conv2d_block(wg: np.ndarray, cols: np.ndarray, b32: np.ndarray | None, y: np.ndarray,
+                  activation: int) -> None:
+    res = np.matmul(wg, cols).reshape(y.shape[0], -1)
+    if b32 is not None:
+        res += b32
+    np.copyto(y, apply_activation(res, activation).reshape(y.shape), casting="unsafe")
+
+
+_GATHER_BYTES = 48  # per gathered element: two int64 indices, masks, the value, in f32
+
+
+def _conv2d_tiled(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, y: np.ndarray, *,
+                  groups: int, stride: tuple[int, int], dilation: tuple[int, int],
+                  pads: tuple[int, int, int, int], activation: int, budget: int) -> None:
+    """CONV2D in tiles of (output channels of a group) x (output pixels), accumulating
+    over chunks of the group's flattened (channel, kernel row, kernel column) reduction
+    gathered by index from the unpadded image; zero where the window is in the padding."""
+    n = x.shape[0]
+    k, cg, r, s = w.shape
+    _, _, oh, ow = y.shape
+    kg = k // groups
+    red, npix = cg * r * s, oh * ow
+    q = max(1, budget // 3)
+    jb = min(red, max(1, q // _GATHER_BYTES))
+    pb = min(npix, max(1, q // (_GATHER_BYTES * jb)))
+    ob = min(kg, max(1, min(q // (4 * jb), q // ((8 + _ACT_BYTES[activation]) * pb))))
+    wf = w.reshape(k, red)
+    geometry = _ConvGeometry(x.shape[2], x.shape[3], r, s, ow, stride, dilation, pads)
+    for i in range(n):
+        y2 = y[i].reshape(k, npix)
+        for g in range(groups):
+            for o0 in _chunks(kg, ob):
+                lo, hi = g * kg + o0, g * kg + min(kg, o0 + ob)
+                for p0 in _chunks(npix, pb):
+                    _conv2d_tile(x[i, g * cg:(g + 1) * cg], wf[lo:hi],
+                                 None if bias is None else bias[lo:hi],
+                                 y2[lo:hi, p0:p0 + pb], p0, jb, geometry, activation)
+
+
+class _ConvGeometry:
+    """Where output pixel p and reduction index j = (channel, kernel row, kernel column)
+    read the image."""
+
+    def __init__(self, h: int, w: int, r: int, s: int, ow: int, stride: tuple[int, int],
+                 dilation: tuple[int, int], pads: tuple[int, int, int, int]) -> None:
+        self.h, self.w, self.r, self.s, self.ow = h, w, r, s, ow
+        self.stride, self.dilation, self.pads = stride, dilation, pads
+
+    def gather(self, x: np.ndarray, p0: int, npix: int, j0: int, nj: int) -> np.ndarray:
+        """The (nj, npix) im2col block of image channels `x`, in f32, 0 in the padding."""
+        sh, sw = self.stride
+        dh, dw = self.dilation
+        pt, pl = self.pads[0], self.pads[1]
+        pix = np.arange(p0, p0 + npix)
+        jj = np.arange(j0, j0 + nj)
+        ih = (pix // self.ow * sh - pt)[None, :] + ((jj // self.s) % self.r * dh)[:, None]
+        iw = (pix % self.ow * sw - pl)[None, :] + (jj % self.s * dw)[:, None]
+        ok = (ih >= 0) & (ih < self.h) & (iw >= 0) & (iw < self.w)
+        np.clip(ih, 0, self.h - 1, out=ih)
+        np.clip(iw, 0, self.w - 1, out=iw)
+        cols: np.ndarray = x[(jj // (self.r * self.s))[:, None], ih, iw].astype(
+            _F32, copy=False)
+        cols *= ok
+        return cols
+
+
+def _conv2d_tile(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, y: np.ndarray,
+                 p0: int, jb: int, geo: _ConvGeometry, activation: int) -> None:
+    """y [ko, P] = act(w [ko, red] @ im2col(x) [red, P] + bias), red in chunks of jb."""
+    red = w.shape[1]
+    acc = _conv2d_part(x, w[:, :jb], p0, y.shape[1], 0, geo)
+    for j0 in range(jb, red, jb):
+        acc += _conv2d_part(x, w[:, j0:j0 + jb], p0, y.shape[1], j0, geo)
     if bias is not None:
-        t += bias
-    t = t.astype(np.int32)  # two's complement wrap (astype of int64 to int32 wraps)
-    if relu:
-        np.maximum(t, 0, out=t)
-    np.copyto(c, t)
+        acc += bias.astype(_F32)[:, None]
+    np.copyto(y, apply_activation(acc, activation), casting="unsafe")
 
 
-def copy(src: np.ndarray, dst: np.ndarray) -> None:
-    """dst[idx] = src[idx] for every index; src is read completely first if they overlap."""
-    if np.may_share_memory(src, dst):
-        src = src.copy()
+def _conv2d_part(x: np.ndarray, w: np.ndarray, p0: int, npix: int, j0: int,
+                 geo: _ConvGeometry) -> np.ndarray:
+    cols = geo.gather(x, p0, npix, j0, w.shape[1])
+    part: np.ndarray = np.matmul(
+        w if w.dtype == _F32 and w.flags.aligned else w.astype(_F32), cols)
+    return part
+
+
+# --- data movement -----------------------------------------------------------------------
+
+def copy(src: np.ndarray, dst: np.ndarray, *, budget: int) -> None:
+    """dst[idx] = src[idx] for every index; an overlapping src was staged (a copy)."""
     np.copyto(dst, src)
+
+
+def move(src: np.ndarray, dst: np.ndarray, *, budget: int) -> None:
+    """DMA_D2D with memmove semantics: disjoint ranges in one copy; overlapping ones in
+    chunks of at most `budget` bytes, front to back when dst is below src, else back to
+    front, so that no chunk reads what an earlier one wrote."""
+    if not np.may_share_memory(src, dst):
+        dst[...] = src
+        return
+    size = src.size
+    step = max(1, budget)
+    down = dst.__array_interface__["data"][0] < src.__array_interface__["data"][0]
+    starts = list(_chunks(size, step))
+    for i in (starts if down else reversed(starts)):
+        dst[i:i + step] = src[i:i + step]  # numpy buffers a chunk that overlaps itself
