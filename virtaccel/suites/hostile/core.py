@@ -92,11 +92,13 @@ class Result:
     rule: str                                   # the rule the verdict is about
     reason: str
     observed: list[str] = field(default_factory=list)   # rules/statuses the device logged
+    notes: list[str] = field(default_factory=list)      # what the hostile program saw
     virtual_ns: int = 0
     wall_s: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return {"scenario": self.scenario, "category": self.category, "attach": self.attach,
                 "verdict": self.verdict.value, "rule": self.rule, "reason": self.reason,
-                "observed": list(self.observed), "virtual_ns": self.virtual_ns,
+                "observed": list(self.observed), "notes": list(self.notes),
+                "virtual_ns": self.virtual_ns,
                 "wall_s": round(self.wall_s, 4)}

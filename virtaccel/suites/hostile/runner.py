@@ -215,6 +215,8 @@ def run_scenario(sc: Scenario, attach: str, seed: int = 0, *, budget_ns: int = B
         session.run_tasks()
         result = _judge(sc, attach, run, att_task, vic_task, dog, canaries, vseed)
         result.virtual_ns = session.now_ns() - t0
+        if run.attack is not None:
+            result.notes = list(run.attack.notes)
     finally:
         session.close()
     result.wall_s = time.perf_counter() - wall0
