@@ -18,7 +18,7 @@ SETTLE_NS = 2_000_000
 FAR = 1 << 40
 
 
-def _shoot(raw: Callable[[Attack], bytes]) -> Callable[[Attack], None]:
+def _shoot(raw: Callable[..., bytes]) -> Callable[[Attack], None]:
     def program(a: Attack) -> None:
         assert a.ctx is not None
         r = a.dev.submit(a.ctx, raw(a), timeout_ns=SETTLE_NS)
@@ -36,7 +36,7 @@ def _mem(a: Attack) -> int:
 def catalogue() -> list[Scenario]:
     out: list[Scenario] = []
 
-    def add(name: str, rule: str, raw: Callable[[Attack], bytes], doc: str) -> None:
+    def add(name: str, rule: str, raw: Callable[..., bytes], doc: str) -> None:
         out.append(Scenario(f"cmd/{name}", CAT, rule, _shoot(raw), doc=doc))
 
     for op in (0x05, 0x7F, 0x29, 0xFFFF):
@@ -159,7 +159,7 @@ def catalogue() -> list[Scenario]:
                reserved: int = 0) -> Callable[[Attack], None]:
         def program(a: Attack) -> None:
             buf = a.dev.buffer(cmd(O.NOP) * 4)
-            r = a.dev.submit_raw(a.ctx if ctx is None else ctx,
+            r = a.dev.submit_raw((a.ctx or 0) if ctx is None else ctx,
                                  buf if addr is None else addr, length, flags=flags,
                                  reserved=reserved, timeout_ns=SETTLE_NS)
             if r is not None:

@@ -62,7 +62,8 @@ class Attack:
         return int(self.kernel.sched.now_ns())
 
 
-Program = Callable[[Attack], None]
+Program = Callable[..., object]
+"""(attack) -> anything; the result is ignored (lambdas may bind defaults)."""
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,12 @@ class Scenario:
     setup: Setup = Setup.LIVE
     doc: str = ""
     prepare: Callable[["Session"], None] | None = None   # test hook: after launch
+
+    def __post_init__(self) -> None:
+        if not self.doc:
+            text = (self.program.__doc__ or "").strip().splitlines()
+            doc = text[0] if text else self.name.split("/", 1)[-1].replace("-", " ")
+            object.__setattr__(self, "doc", doc)
 
     def applies(self, attach: str) -> bool:
         return attach in self.attachments

@@ -208,7 +208,7 @@ def status_catalogue() -> list[Scenario]:
 
 # -- virtio-mmio registers ------------------------------------------------------------------
 
-def _mmio(fn: Callable[[Attack, MmioRaw], None], live: bool = True) -> Callable[[Attack], None]:
+def _mmio(fn: Callable[..., object]) -> Callable[[Attack], None]:
     def program(a: Attack) -> None:
         t = a.dev.t
         assert isinstance(t, MmioRaw)
@@ -222,7 +222,7 @@ def mmio_catalogue() -> list[Scenario]:
     only = frozenset({"mmio"})
     out: list[Scenario] = []
 
-    def add(name: str, rule: str, fn: Callable[[Attack, MmioRaw], None], doc: str,
+    def add(name: str, rule: str, fn: Callable[..., object], doc: str,
             setup: Setup = Setup.LIVE) -> None:
         out.append(Scenario(f"mmio/{name}", cat, rule, _mmio(fn), only, setup, doc))
 
@@ -274,7 +274,7 @@ def mmio_catalogue() -> list[Scenario]:
     add("interrupt-ack-all", "mmio/interrupt-ack",
         lambda a, t: t.wr(R.INTERRUPT_ACK, 0xFFFF_FFFF), "acknowledge every bit")
     add("features-sel-high", "features/select",
-        lambda a, t: (t.wr(R.DEVICE_FEATURES_SEL, 0xFFFF_FFFF), t.rd(R.DEVICE_FEATURES)) and None,
+        lambda a, t: [t.wr(R.DEVICE_FEATURES_SEL, 0xFFFF_FFFF), t.rd(R.DEVICE_FEATURES)],
         "device feature select 2^32-1")
 
     def fuzz(a: Attack, t: MmioRaw) -> None:
@@ -289,7 +289,7 @@ def mmio_catalogue() -> list[Scenario]:
 
 # -- virtio-pci and config space --------------------------------------------------------------
 
-def _pci(fn: Callable[[Attack, PciRaw], None]) -> Callable[[Attack], None]:
+def _pci(fn: Callable[..., object]) -> Callable[[Attack], None]:
     def program(a: Attack) -> None:
         t = a.dev.t
         assert isinstance(t, PciRaw)
@@ -302,7 +302,7 @@ def pci_catalogue() -> list[Scenario]:
     cat = "virtio-pci"
     out: list[Scenario] = []
 
-    def add(name: str, rule: str, fn: Callable[[Attack, PciRaw], None], doc: str,
+    def add(name: str, rule: str, fn: Callable[..., object], doc: str,
             setup: Setup = Setup.LIVE, attach: frozenset[str] = PCI_LIKE) -> None:
         out.append(Scenario(f"pci/{name}", cat, rule, _pci(fn), attach, setup, doc))
 
@@ -613,7 +613,7 @@ def admin_catalogue() -> list[Scenario]:
     only = frozenset({"sriov"})
     out: list[Scenario] = []
 
-    def add(name: str, rule: str, fn: Callable[[Attack, PciRaw], None], doc: str,
+    def add(name: str, rule: str, fn: Callable[..., object], doc: str,
             setup: Setup = Setup.LIVE) -> None:
         out.append(Scenario(f"admin/{name}", cat, rule, _pci(fn), only, setup, doc))
 

@@ -65,20 +65,25 @@ def _dma_unmap(iova: int, size: int, flags: int = 0) -> Any:
 def catalogue() -> list[Scenario]:
     out: list[Scenario] = []
 
-    def add(name: str, rule: str, fn: Callable[[Attack], None], doc: str) -> None:
+    def add(name: str, rule: str, fn: Callable[..., object], doc: str) -> None:
         out.append(Scenario(f"vfio/{name}", CAT, rule, fn, PASSTHROUGH, Setup.HOST, doc))
 
     def map_case(iova: Callable[[Any], int], size: int, vaddr: Callable[[Attack, Any], int],
-                 flags: int = -1, argsz: int | None = None, want: int | None = None,
-                 breach: str | None = None) -> Callable[[Attack], None]:
+                 flags: int = -1, argsz: int | None = None, want: int | None = None
+                 ) -> Callable[[Attack], None]:
         def program(a: Attack) -> None:
             c, _, _, mem = _parts(a)
             m = _dma_map(iova(mem), size, vaddr(a, mem), flags, argsz)
-            _refused(a, "MAP_DMA", lambda: c.iommu_map_dma(m), want, breach)
+            _refused(a, "MAP_DMA", lambda: c.iommu_map_dma(m), want)
         return program
-    ram = lambda a, mem: vaddr_of(mem, mem.base)  # noqa: E731
-    top = lambda mem: mem.base + mem.size          # noqa: E731
-    for name, iova, size, vaddr, kw in (
+
+    def ram(a: Attack, mem: Any) -> int:
+        return vaddr_of(mem, mem.base)
+
+    def top(mem: Any) -> int:
+        return int(mem.base + mem.size)
+    cases: list[tuple[str, Callable[[Any], int], int, Callable[[Attack, Any], int],
+                      dict[str, int]]] = [
             ("map-overlap", lambda m: m.base, PAGE, ram, {"want": errno.EEXIST}),
             ("map-unaligned", lambda m: top(m) + 12, PAGE, ram, {"want": errno.EINVAL}),
             ("map-size-zero", top, 0, ram, {"want": errno.EINVAL}),
@@ -89,7 +94,8 @@ def catalogue() -> list[Scenario]:
             ("map-unknown-flags", top, PAGE, ram, {"flags": 0xF0, "want": errno.EINVAL}),
             ("map-flag-vaddr", top, PAGE, ram,
              {"flags": uapi.VFIO_DMA_MAP_FLAG_VADDR | 1, "want": errno.EINVAL}),
-            ("map-short-argsz", top, PAGE, ram, {"argsz": 8, "want": errno.EINVAL})):
+            ("map-short-argsz", top, PAGE, ram, {"argsz": 8, "want": errno.EINVAL})]
+    for name, iova, size, vaddr, kw in cases:
         add(name, "vfio/map-dma", map_case(iova, size, vaddr, **kw),
             f"VFIO_IOMMU_MAP_DMA: {name.replace('-', ' ')}")
 
@@ -149,15 +155,17 @@ def catalogue() -> list[Scenario]:
     add("unmap-ram-and-remap", "vfio/unmap-dma", remap_storm,
         "unmap all guest RAM under the function, then map it back")
 
-    for name, fn, want in (
+    container_cases: list[tuple[str, Callable[[Any], object], int]] = [
             ("set-iommu-again", lambda c: c.set_iommu(uapi.VFIO_TYPE1v2_IOMMU), errno.EINVAL),
             ("set-iommu-bad-type", lambda c: c.set_iommu(99), errno.EINVAL),
             ("container-unknown-ioctl", lambda c: c.ioctl(0xDEAD), errno.ENOTTY),
             ("get-info-short-argsz", lambda c: c.iommu_get_info(
-                _argsz(uapi.new("struct vfio_iommu_type1_info *"), 4)), errno.EINVAL)):
-        add(name, "vfio/container",
-            lambda a, fn=fn, want=want, n=name: _refused(a, n, lambda: fn(_parts(a)[0]), want),
-            f"container: {name.replace('-', ' ')}")
+                _argsz(uapi.new("struct vfio_iommu_type1_info *"), 4)), errno.EINVAL)]
+    for name, cfn, cwant in container_cases:
+        def container_case(a: Attack, fn: Callable[[Any], object] = cfn, want: int = cwant,
+                           n: str = name) -> None:
+            _refused(a, n, lambda: fn(_parts(a)[0]), want)
+        add(name, "vfio/container", container_case, f"container: {name.replace('-', ' ')}")
     add("check-extension-garbage", "vfio/container",
         lambda a: _parts(a)[0].check_extension(0xFFFF_FFFF) and None,
         "CHECK_EXTENSION with garbage")
@@ -218,7 +226,7 @@ def catalogue() -> list[Scenario]:
         return fn
     trig = uapi.VFIO_IRQ_SET_DATA_EVENTFD | uapi.VFIO_IRQ_SET_ACTION_TRIGGER
     msix = uapi.VFIO_PCI_MSIX_IRQ_INDEX
-    for name, fn, want in (
+    device_cases: list[tuple[str, Callable[[Any], object], int | None]] = [
             ("region-info-index-99", region_info(99), errno.EINVAL),
             ("region-info-vga", region_info(uapi.VFIO_PCI_VGA_REGION_INDEX), None),
             ("irq-info-index-99", irq_info(99), errno.EINVAL),
@@ -245,7 +253,8 @@ def catalogue() -> list[Scenario]:
                                                          b"\0" * 4), errno.EINVAL),
             ("region-mmap-msix-page", lambda d: d.region_mmap(0, 0x4000, 0x1000), errno.EINVAL),
             ("region-mmap-unaligned", lambda d: d.region_mmap(0, 12, 0x1000), errno.EINVAL),
-            ("device-unknown-ioctl", lambda d: d.ioctl(0xF00D), errno.ENOTTY)):
+            ("device-unknown-ioctl", lambda d: d.ioctl(0xF00D), errno.ENOTTY)]
+    for name, fn, want in device_cases:
         add(name, "vfio/device", dev_case(fn, want), f"device: {name.replace('-', ' ')}")
 
     def reset_live(a: Attack) -> None:
