@@ -147,7 +147,7 @@ def _bad(results: list[Any]) -> dict[tuple[str, str], str]:
     "mmio",
     *[pytest.param(a, marks=pytest.mark.skipif(
         not os.environ.get("VIRTACCEL_HOSTILE_ALL"),
-        reason=f"the full {a} catalogue takes 10-20 s: set VIRTACCEL_HOSTILE_ALL=1 "
+        reason=f"the full {a} catalogue takes 3-20 s: set VIRTACCEL_HOSTILE_ALL=1 "
                "(or run `virtaccel hostile`)")) for a in ("pci", "vfio", "sriov")]])
 def test_full_catalogue(attach: str) -> None:
     report = run_suite(catalogue(), [attach], seed=0)
