@@ -140,6 +140,21 @@ def build_parser() -> argparse.ArgumentParser:
                                       "enough for every tenant to overlap, growing with N)")
     _json(p, "the per-VF results")
 
+    p = _verb(sub, "hostile", ".hostile:cli",
+              "hostile-guest scenarios (rings, registers, config space, commands, VFIO) "
+              "against each attachment while a victim works; a verdict per scenario; exit 1 "
+              "on any WEDGED or FAIL")
+    p.add_argument("--attach", default=None, metavar="A[,A...]",
+                   help="attachments to attack: mmio, pci, vfio, sriov (default all)")
+    p.add_argument("--category", default=None, metavar="C[,C...]",
+                   help="only these categories (see docs/hostile.md), comma-separated")
+    p.add_argument("--scenario", default=None, metavar="PREFIX[,...]",
+                   help="only scenarios whose name starts with one of these")
+    _seed(p)
+    _json(p, "every scenario's verdict")
+    p.add_argument("--html", metavar="FILE", default=None,
+                   help="write a self-contained HTML report to FILE")
+
     p = _verb(sub, "stats", ".stats:cli",
               "run the demo workload and print per-function and per-context counters")
     _seed(p)
