@@ -370,7 +370,7 @@ def pci_catalogue() -> list[Scenario]:
         "notify at an offset between queues")
 
     def notify_no_bme(a: Attack, t: PciRaw) -> None:
-        t.cfg_write(P.COMMAND, 2, t.command0 | P.COMMAND_MEMORY)
+        t.cfg_write(P.COMMAND, 2, (t.command0 & ~P.COMMAND_MASTER) | P.COMMAND_MEMORY)
         t.notify(A.FIRST_SUBMITQ)
     add("notify-bus-master-off", "pci/bus-master", notify_no_bme, "notify with Bus Master off")
 
@@ -388,7 +388,7 @@ def pci_catalogue() -> list[Scenario]:
         q.put_avail(q.add([(req, A.SUBMIT_REQ.size, False), (resp, A.SUBMIT_RESP.size, True)]))
         t.notify(q.index)
         a.sleep(5_000)
-        t.cfg_write(P.COMMAND, 2, t.command0 | P.COMMAND_MEMORY)
+        t.cfg_write(P.COMMAND, 2, (t.command0 & ~P.COMMAND_MASTER) | P.COMMAND_MEMORY)
         used = q.used_idx()
         a.dev.mem.write(flag, struct.pack("<Q", 1))
         a.sleep(500_000)
