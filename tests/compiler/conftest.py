@@ -55,7 +55,7 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
             name = name[:-len("_cpu")] if name.endswith("_cpu") else name
             if name in claimed and (rep.when == "call" or key == "skipped"):
                 counts[key] += 1
-    if claimed:
+    if claimed and sum(counts.values()):   # nothing to say when they were deselected
         terminalreporter.write_line(
             f"ONNX backend node tests for the claimed operators: {len(claimed)} cases, "
             f"{counts['passed']} passed, {counts['failed']} failed, "
