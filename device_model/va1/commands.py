@@ -27,6 +27,7 @@ from hwspec.va1 import Status
 
 from ..errors import DeviceModelError
 from ..ports import DmaFault, DmaPort
+from ..testing_breaks import BREAKS
 from .config import Va1Config
 from .aspace import AddressSpace
 from .memory import DeviceMemory
@@ -124,7 +125,7 @@ class _Checker:
             raise self.fail(Status.BAD_ARG, f"{what} = {value:#x}, must be 0")
 
     def dtype(self, value: int, allowed: frozenset[DType] = _MATH_DTYPES) -> DType:
-        if value not in _DTYPE_VALUES:
+        if value not in _DTYPE_VALUES and not (BREAKS and "cmd/skip-dtype-check" in BREAKS):
             raise self.fail(Status.BAD_DTYPE, f"unknown dtype {value}")
         dt = DType(value)
         if not self.env.config.dtype_mask >> dt & 1 or dt not in allowed:
@@ -164,7 +165,7 @@ class _Checker:
         """A device operand: a context VA range, translated through the context's
         mappings (destinations need WRITE, sources READ) to function memory."""
         aspace = self.env.aspace
-        if aspace is not None:
+        if aspace is not None and not (BREAKS and "ctx/ignore-address-space" in BREAKS):
             pa = aspace.translate(addr, size, what in _WRITTEN)
             if pa < 0:
                 raise self.fail(Status.OUT_OF_BOUNDS,
@@ -172,7 +173,8 @@ class _Checker:
                                 f"{'writable' if what in _WRITTEN else 'readable'} "
                                 "mapping of the context")
             addr = pa
-        if not self.env.memory.contains(addr, size):
+        if not self.env.memory.contains(addr, size) and not (
+                BREAKS and "cmd/skip-partition-check" in BREAKS):
             raise self.fail(Status.OUT_OF_BOUNDS,
                             f"{what} [{addr:#x}, +{size:#x}) outside device memory "
                             f"({self.env.memory.size:#x})")

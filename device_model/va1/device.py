@@ -18,6 +18,7 @@ from hwspec import virtio as V
 from hwspec.va1 import NO_OFFSET, CtrlType, EventType, Status
 
 from ..ports import DevicePorts, DmaFault
+from ..testing_breaks import BREAKS
 from ..virtio.device import VirtioDevice, VirtioInterrupt
 from ..virtio.ring import DescriptorChain, DeviceRing, RingError
 from ..virtio.ring_factory import RING_FEATURES
@@ -171,7 +172,7 @@ class Va1Device(VirtioDevice):
         transfer) and every completion due meanwhile (its response, used entry, event
         and interrupt) is held. On again: the held completions go out in the order they
         were due, then the engines go on where they stopped."""
-        if enabled == self.bus_master:
+        if enabled == self.bus_master or (BREAKS and "pci/ignore-bus-master" in BREAKS):
             return
         self.bus_master = enabled
         if not enabled:
@@ -194,7 +195,8 @@ class Va1Device(VirtioDevice):
         self._held.clear()
         if self.admin is not None:
             self.admin.pf_reset()
-        self.processor.reset()
+        if not (BREAKS and "reset/keep-pending-work" in BREAKS):
+            self.processor.reset()
         self.metrics.reset()
         self.contexts.clear()
         self.queues = []
@@ -413,7 +415,7 @@ class Va1Device(VirtioDevice):
             reply = pack_submit_resp(sub.status, sub.error_offset, sub.req.fence_seq,
                                      sub.start_ns, sub.end_ns)
             self._return_chain(sub.queue, sub.chain, reply)
-            if sub.status not in _NO_FAULT:
+            if sub.status not in _NO_FAULT and not (BREAKS and "ctx/no-fault-on-error" in BREAKS):
                 ctx = self.contexts.get(sub.req.context_id)
                 if ctx is not None and not ctx.faulted:
                     ctx.faulted = True

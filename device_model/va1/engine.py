@@ -38,6 +38,7 @@ from hwspec.isa import Opcode
 from hwspec.va1 import NO_OFFSET, Status
 
 from ..ports import Clock, DmaFault, DmaPort, Timer, Tracer
+from ..testing_breaks import BREAKS
 from ..virtio.ring import DescriptorChain
 from .commands import OPS, Command
 from .metrics import Metrics
@@ -439,7 +440,7 @@ class CommandProcessor:
                 else:
                     run.cur_end = run.t + cmd.cost_ns
             end = run.cur_end
-            if end > now:
+            if end > now and not (BREAKS and "write/early-signal" in BREAKS):
                 if cmd.opcode in _HOST_WRITES:
                     break   # a guest may poll what it writes: applied at its end time
                 if run.next == len(cmds) - 1 and cmd.cost_ns >= _DEFER_LAST_MIN_NS:

@@ -13,6 +13,7 @@ import struct
 from hwspec import virtio as V
 
 from ..ports import DmaFault, DmaPort
+from ..testing_breaks import BREAKS
 from .queue import Queue
 from .ring import Descriptor, DescriptorChain, RingError
 
@@ -106,7 +107,7 @@ class SplitRing:
     def pending(self, dma: DmaPort) -> int:
         """Chains the driver made available that the device has not read (checked)."""
         n = (self.avail_idx(dma) - self.last_avail_idx) & 0xFFFF
-        if n > self.size:
+        if n > self.size and not (BREAKS and "ring/skip-avail-idx-check" in BREAKS):
             raise RingError("ring/avail-idx-jump",
                             f"avail.idx moved {n} past {self.last_avail_idx} (queue size "
                             f"{self.size})")
@@ -125,7 +126,7 @@ class SplitRing:
         raw = self._read(dma, self.avail_ring + V.AVAIL_HEADER + V.AVAIL_ELEM * slot, 2,
                          "avail.ring")
         head = int.from_bytes(raw, "little")
-        if head >= self.size:
+        if head >= self.size and not (BREAKS and "ring/skip-index-range" in BREAKS):
             raise RingError("ring/head-range", f"head {head} >= queue size {self.size}")
         chain = self._walk(dma, head)
         self.last_avail_idx = (self.last_avail_idx + 1) & 0xFFFF
@@ -174,7 +175,8 @@ class SplitRing:
                 raise RingError("ring/addr-overflow",
                                 f"descriptor {idx}: {addr:#x}+{length} overflows")
             write = bool(flags & V.DESC_F_WRITE)
-            if not write and seen_write:
+            if not write and seen_write and not (
+                    BREAKS and "ring/skip-write-before-read" in BREAKS):
                 raise RingError("ring/write-before-read",
                                 f"readable descriptor {idx} after a writable one")
             seen_write = seen_write or write
@@ -186,7 +188,7 @@ class SplitRing:
             (chain.writable if write else chain.readable).append(Descriptor(addr, length, write))
             if not flags & V.DESC_F_NEXT:
                 return chain
-            if nxt >= entries:
+            if nxt >= entries and not (BREAKS and "ring/skip-index-range" in BREAKS):
                 raise RingError("ring/next-range", f"descriptor {idx}: next {nxt} >= {entries}")
             idx = nxt
 

@@ -154,6 +154,10 @@ def build_parser() -> argparse.ArgumentParser:
     _json(p, "every scenario's verdict")
     p.add_argument("--html", metavar="FILE", default=None,
                    help="write a self-contained HTML report to FILE")
+    p.add_argument("--self-test", action="store_true",
+                   help="prove the suite can fail: break the device in each known way "
+                        "(device_model.testing_breaks) and check some scenario turns FAIL "
+                        "or WEDGED (with --attach: on each attachment a breakage applies to)")
 
     p = _verb(sub, "stats", ".stats:cli",
               "run the demo workload and print per-function and per-context counters")

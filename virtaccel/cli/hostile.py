@@ -24,6 +24,8 @@ def cli(args: argparse.Namespace) -> int:
     for flag, path in (("--json", args.json), ("--html", args.html)):
         if path is not None:
             check_output(path, flag, allow_stdout=flag == "--json")
+    if args.self_test:
+        return _self_test(args, attaches if args.attach is not None else None)
     from ..suites.hostile.catalogue import CATEGORIES, catalogue, select
     from ..suites.hostile.report import bad_rows, summary_rows, to_html
     from ..suites.hostile.runner import run_suite
@@ -65,4 +67,48 @@ def cli(args: argparse.Namespace) -> int:
         for what, path in (("JSON", args.json), ("HTML", args.html)):
             if path:
                 print(f"wrote {what} {path}")
+    return 0 if report.ok else 1
+
+
+def _self_test(args: argparse.Namespace, attaches: list[str] | None) -> int:
+    """`--self-test`: each breakage caught (FAIL/WEDGED with it on, PASS/REJECT off)."""
+    for flag, value in (("--category", args.category), ("--scenario", args.scenario),
+                        ("--html", args.html)):
+        if value is not None:
+            raise CliError(f"{flag} does not go with --self-test (each breakage runs the "
+                           "scenarios that should catch it)")
+    from ..suites.hostile.selftest import BREAKAGES, run_self_test
+    from ._out import print_table, wants_json_on_stdout, write_json
+    from .progress import Progress
+    steps = sum(1 if attaches is None else len([a for a in attaches if a in b.attachments])
+                for b in BREAKAGES)
+    if steps == 0:
+        raise CliError(f"--attach {args.attach!r}: no breakage applies")
+    with Progress(steps, "hostile self-test") as bar:
+        report = run_self_test(attaches, args.seed,
+                               progress=lambda c: bar.advance(note=f"{c.attach} {c.breakage}"))
+    if args.json is not None:
+        try:
+            write_json(args.json, report.as_dict())
+        except OSError as e:
+            raise CliError(f"--json: {e.strerror or e}") from None
+    if not wants_json_on_stdout(args.json):
+        print(f"virtaccel hostile --self-test: {len(report.catches)} breakage runs, seed "
+              f"{args.seed}, {report.wall_s:.1f} s")
+        rows: list[list[object]] = []
+        for c in report.catches:
+            names = ", ".join(f"{r.scenario} {r.verdict.value}" for r in c.caught[:3])
+            more = f" (+{len(c.caught) - 3})" if len(c.caught) > 3 else ""
+            rows.append([c.breakage, c.attach, c.runs, len(c.caught),
+                         "caught" if c.ok else ("control not clean" if c.control_bad
+                                                else "NOT CAUGHT"), names + more])
+        print_table(["breakage", "attach", "scenarios", "FAIL/WEDGED", "result", "caught by"],
+                    rows, right=["scenarios", "FAIL/WEDGED"])
+        if report.skipped:
+            print(f"not applicable to --attach {args.attach}: {', '.join(report.skipped)}")
+        for c in report.catches:
+            for r in c.control_bad:
+                print(f"control run (break off) not clean: {c.attach} {r.scenario} "
+                      f"{r.verdict.value} {r.rule}: {r.reason}")
+        print("self-test " + ("passed: every breakage caught" if report.ok else "FAILED"))
     return 0 if report.ok else 1

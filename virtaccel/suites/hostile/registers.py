@@ -75,10 +75,17 @@ def _goto(a: Attack, state: str) -> None:
     d.t.set_status(ACK | DRV | FOK)
 
 
-def _transition(state: str, value: int) -> Callable[[Attack], None]:
+def _transition(state: str, value: int, rule: str) -> Callable[[Attack], None]:
     def program(a: Attack) -> None:
         _goto(a, state)
+        before = a.dev.t.status()
         a.dev.t.set_status(value)
+        after = a.dev.t.status()
+        # spec §3: an illegal write has no effect (NEEDS_RESET and undefined bits in the
+        # value are ignored, so the write is judged on the driver's bits alone)
+        if after != before and not _legal(before, value & (ACK | DRV | FOK | DOK
+                                                           | V.STATUS_FAILED)):
+            a.breach(rule, f"status {before:#x} became {after:#x} after writing {value:#x}")
         _after(a)
     return program
 
@@ -102,8 +109,8 @@ def status_catalogue() -> list[Scenario]:
                 if any(s.name == name for s in out):
                     continue
                 rule = "status/clear-bit" if old & ~v else "status/order"
-                out.append(Scenario(name, cat, rule, _transition(sname, v), setup=Setup.RAW,
-                                    doc=f"write {v:#x} to the status of a function in {sname}"))
+                out.append(Scenario(name, cat, rule, _transition(sname, v, rule),
+                                    setup=Setup.RAW, doc=f"write {v:#x} to the status of a function in {sname}"))
 
     def features(accept: int, high: bool = False) -> Callable[[Attack], None]:
         def program(a: Attack) -> None:

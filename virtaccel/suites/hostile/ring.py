@@ -18,6 +18,11 @@ UNBACKED = 0x7_0000_0000          # far past any VM's RAM, never mapped
 WRAP = (1 << 64) - 0x10
 
 QUEUES = {"controlq": A.CONTROLQ, "submitq": A.FIRST_SUBMITQ}
+# Ring rules whose breach the device must answer with DEVICE_NEEDS_RESET (spec §4): a
+# scenario breaking one of them checks the status bit, so a device that lets the chain
+# through is caught even when nothing else goes wrong.
+FENCING = frozenset({"ring/head-range", "ring/next-range", "ring/write-before-read",
+                     "ring/avail-idx-jump"})
 
 
 def _submit_bufs(a: Attack) -> tuple[int, int]:
@@ -67,6 +72,8 @@ def _ring(name: str, rule: str, doc: str, craft: Craft, queues: tuple[str, ...] 
             req, rlen, resp, wlen = _bufs(a, qi)
             head = craft(a, q, req, rlen, resp, wlen)
             _kick(a, q, head)
+            if rule in FENCING and not a.dev.needs_reset():
+                a.breach(rule, f"no DEVICE_NEEDS_RESET after a chain breaking {rule} (spec §4)")
         out.append(Scenario(f"ring/{name}/{qname}", CAT, rule, program, doc=doc))
     return out
 
