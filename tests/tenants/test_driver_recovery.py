@@ -197,3 +197,21 @@ def test_recovery_parameters_must_be_positive() -> None:
         VA1Device(None, None, None, "x", watchdog_ns=0)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="poll_ns"):
         VA1Device(None, None, None, "x", poll_ns=-1)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("entry", [
+    FaultEntry("tenant1", "duplicate_interrupt", probability=0.3, on="interrupt"),
+    FaultEntry("tenant1", "delay_interrupt", delay_ns=3 * POLL_NS, probability=0.2,
+               on="interrupt"),
+    FaultEntry("tenant1", "fail_dma_read", after=400, on="dma"),
+    FaultEntry("tenant1", "fail_dma_write", after=400, on="dma"),
+], ids=lambda e: e.action)
+@pytest.mark.parametrize("seed", range(SEED, SEED + 2))
+def test_other_faults_on_a_saturated_vf_keep_the_invariants(entry: FaultEntry, seed: int
+                                                            ) -> None:
+    bed, res = saturated(seed, entry)
+    with bed:
+        r = check(bed, res, seed)
+        assert bed.session.injector is not None and bed.session.injector.injected
+        statuses = Counter(n for _, _, n, _ in r["fences"])
+        assert statuses["OK"] == COUNT and set(statuses) <= {"OK", "ABORTED", "DMA_FAULT"}
