@@ -54,8 +54,21 @@ class IrqChip(Protocol):
     def free_msi(self, msg: MsiMessage) -> None: ...
 
 
+class KernelTimer(Protocol):
+    """A one-shot timer (Linux's hrtimer): cancel() before it fires makes it a no-op."""
+
+    def cancel(self) -> None: ...
+
+
 class GuestScheduler(Protocol):
     def now_ns(self) -> int: ...
+
+    def start_timer(self, delay_ns: int, fn: Callable[[], None], what: str) -> KernelTimer:
+        """Run fn once, `delay_ns` of virtual time from now, in interrupt context (it
+        must not wait), as an interrupt handler runs. A timer that fires does nothing
+        anybody else can observe until fn does something. Optional at run time: a
+        kernel without it (a test fake) gets drivers that run no timers."""
+        ...
 
     def wait_until(self, cond: Callable[[], bool], timeout_ns: int | None, what: str) -> bool:
         """Block the calling guest task until cond() holds (True) or the virtual

@@ -71,6 +71,10 @@ struct drm_va1_stats {
     uint64_t dma_bytes;
     uint64_t faults;
     uint64_t interrupts;
+    uint64_t lost_interrupts;    /* driver: polls that found completions an interrupt lost */
+    uint64_t polled_completions; /* driver: completions those polls reaped */
+    uint64_t watchdog_fires;     /* driver: submit queues without progress in the bound */
+    uint64_t resets;             /* driver: resets of the function (any cause) */
 };
 """
 

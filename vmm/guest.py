@@ -8,7 +8,7 @@ from guest_driver.kernel import PciHostBridge, PlatformDevice, RamRange
 
 from .bus import MmioBus
 from .irq import InterruptController
-from .machine import Machine
+from .machine import Machine, PendingIrq
 from .memory import GuestMemory
 from .trace import SourceTracer
 
@@ -60,9 +60,38 @@ class GuestMmio:
                                  else self.exit_cost_ns + self.fault_hook.exit_delay_ns(addr, size))
 
 
+class GuestTimer(PendingIrq):
+    """One kernel timer (guest_driver.kernel.KernelTimer): a machine event that pends
+    `fn` for delivery in guest context, as an interrupt is. No trace event of its own,
+    so a timer whose fn does nothing leaves the trace as it was."""
+
+    def __init__(self, machine: Machine, delay_ns: int, fn: Callable[[], None],
+                 what: str) -> None:
+        self._machine = machine
+        self._fn = fn
+        self.cancelled = False
+        self._event = machine.sched.schedule(max(0, int(delay_ns)), self._fire, what)
+
+    def _fire(self) -> None:
+        if not self.cancelled:
+            self._machine.pend_irq(self)
+
+    def deliver(self) -> None:
+        if not self.cancelled:
+            self.cancelled = True
+            self._fn()
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        self._event.cancel()
+
+
 class GuestSched:
     def __init__(self, machine: Machine) -> None:
         self._machine = machine
+
+    def start_timer(self, delay_ns: int, fn: Callable[[], None], what: str) -> GuestTimer:
+        return GuestTimer(self._machine, delay_ns, fn, what)
 
     def now_ns(self) -> int:
         return self._machine.now_ns()

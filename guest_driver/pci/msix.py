@@ -115,6 +115,25 @@ class MsixVectors:
             mmio.write(self._entry(i, P.MSIX_ENTRY_VECTOR_CTRL), 4, 0)  # unmask
         self._ctrl(0, P.MSIX_FLAGS_MASKALL)
 
+    def lost(self) -> str | None:
+        """Why the function's MSI-X is no longer as `setup` left it (ENABLE clear or
+        MASKALL set, as an FLR or a VF reset leaves it), or None. One config read."""
+        if not self.messages:
+            return None
+        ctrl = self.fn.cfg.read16(self.info.cap + P.MSIX_FLAGS)
+        if ctrl == 0xFFFF:
+            return "function does not answer (MSI-X control reads all ones)"
+        if not ctrl & P.MSIX_FLAGS_ENABLE or ctrl & P.MSIX_FLAGS_MASKALL:
+            return f"MSI-X disabled behind the driver (control {ctrl:#06x})"
+        return None
+
+    def reprogram(self) -> None:
+        """Disable, then set up the same messages again (after a reset the driver did
+        not start: the enable transition makes a shadowing VMM program the host)."""
+        if self.messages:
+            self._ctrl(0, P.MSIX_FLAGS_ENABLE | P.MSIX_FLAGS_MASKALL)
+            self._program()
+
     def restore(self) -> None:
         """Re-program the table and control after an FLR cleared them."""
         if self.messages:

@@ -420,5 +420,6 @@ class VA1File:
     def _get_stats(self, a: Any) -> None:
         stats = self.dev.get_stats()
         for name in ("submissions", "commands", "device_time_ns", "dma_bytes", "faults",
-                     "interrupts"):
+                     "interrupts", "lost_interrupts", "polled_completions",
+                     "watchdog_fires", "resets"):
             setattr(a, name, stats[name])

@@ -33,8 +33,9 @@ from hwspec import virtio as V
 from hwspec.layout import Layout
 
 from ..errors import GuestDriverError
-from ..kernel import GuestKernel, PlatformDevice
+from ..kernel import GuestKernel, KernelTimer, PlatformDevice
 from ..mm import AllocError, PageAllocator
+from ..pci import PciError
 from ..virtio.admin import ADMIN_QUEUE_SIZE, AdminError, AdminQueue
 from ..virtio.mmio import VirtioMmio
 from ..virtio.pci import VirtioPci
@@ -56,6 +57,13 @@ CTRL_QUEUE_SIZE = 64
 EVENT_QUEUE_SIZE = 64
 SUBMIT_QUEUE_SIZE = A.DEFAULT_QUEUE_SIZE_MAX
 CTRL_TIMEOUT_NS = 1_000_000_000  # a control request completes in cmd_overhead_ns
+# Recovery timer (docs/driver.md "Recovery"): while anything is in flight the driver
+# looks every POLL_NS for used buffers left unreaped for a whole period (a lost
+# interrupt: it polls) and for a submit queue with no completion for WATCHDOG_NS (it
+# checks the device and resets it). WATCHDOG_NS is twice the device's default
+# preemption timeout, the longest a legal command runs (§13).
+POLL_NS = 1_000_000
+WATCHDOG_NS = 2 * A.DEFAULT_PREEMPTION_TIMEOUT_NS
 MAX_SUBMIT_QUEUES = 64
 # STOPPED (the PF stopped this function while the submission was queued) is not the
 # context's fault: it does not mark it faulted here (a CONTEXT_FAULT event would).
@@ -129,6 +137,10 @@ class _Queue:
     slot_base: int
     slot_size: int
     free_slots: list[int] = field(default_factory=list)
+    outstanding: int = 0     # requests in flight (submissions, control requests)
+    progress_ns: int = 0     # last completion, or when the queue last became busy
+    reaps: int = 0           # reaps that found used buffers
+    suspect: int = -1        # `reaps` when used buffers were first seen unreaped
 
     def reset_slots(self) -> None:
         self.free_slots = list(range(self.ring.num - 1, -1, -1))
@@ -141,9 +153,15 @@ class VA1Device:
     """One bound VA-1 function."""
 
     def __init__(self, kernel: GuestKernel, dev: PlatformDevice | VirtioTransport,
-                 alloc: PageAllocator, name: str, admin: bool = False) -> None:
+                 alloc: PageAllocator, name: str, admin: bool = False, *,
+                 poll_ns: int = POLL_NS, watchdog_ns: int = WATCHDOG_NS) -> None:
         """`dev` is a virtio-mmio platform device or any ready-made transport. `admin`:
-        this is an SR-IOV PF (virtio-pci only): accept SR_IOV and ADMIN_VQ if offered."""
+        this is an SR-IOV PF (virtio-pci only): accept SR_IOV and ADMIN_VQ if offered.
+        `poll_ns`, `watchdog_ns`: the recovery timer's period and the submission
+        watchdog's bound (virtual ns, > 0)."""
+        if poll_ns <= 0 or watchdog_ns <= 0:
+            raise ValueError(f"poll_ns ({poll_ns}) and watchdog_ns ({watchdog_ns}) must "
+                             "be > 0")
         self.kernel = kernel
         self.pdev: PlatformDevice | None = None
         self.transport: VirtioTransport
@@ -182,6 +200,17 @@ class VA1Device:
         self._quarantine: dict[int, Context] = {}
         self._held: dict[int, Context] = {}   # quarantined ids the device gave out again
         self._kctx: Context | None = None     # the driver's own (FLAT) context: scrubs
+        # Recovery timer and its counters (GET_STATS' interrupts_lost, debug_stats).
+        self.poll_ns = poll_ns
+        self.watchdog_ns = watchdog_ns
+        self._start_timer = getattr(kernel.sched, "start_timer", None)
+        self._timer: KernelTimer | None = None
+        self._outstanding = 0
+        self._reaped = 0
+        self.lost_interrupts = 0       # polls that found completions an interrupt lost
+        self.polled_completions = 0    # completions those polls reaped
+        self.watchdog_fires = 0        # submit queues that made no progress in time
+        self.external_resets = 0       # resets the driver found done behind its back
 
     # ================================================================== bring-up
     def probe(self) -> None:
@@ -483,6 +512,8 @@ class VA1Device:
         while True:
             done = q.ring.get_used()
             if done:
+                q.reaps += 1
+                self._reaped += len(done)
                 self._trace("reap", queue=q.index, count=len(done))
             for token, ulen in done:
                 self._complete(q, token, ulen)
@@ -499,6 +530,8 @@ class VA1Device:
 
     def _complete(self, q: _Queue, token: _Token, ulen: int) -> None:
         mem = self.kernel.memory
+        if not isinstance(token, _EventBuf):
+            self._idle(q)
         base = q.slot_addr(token.slot)
         if isinstance(token, _CtrlRequest):
             resp = mem.read(base + CTRL_REQ_MAX, ulen) if ulen else b""
@@ -556,6 +589,122 @@ class VA1Device:
         slot = q.free_slots.pop()
         q.ring.add((), ((q.slot_addr(slot), A.EVENT.size),), _EventBuf(slot))
 
+    # ================================================================== recovery timer
+    def _busy(self, q: _Queue) -> None:
+        """A request was queued on q: the recovery timer runs while any is in flight."""
+        if q.outstanding == 0:
+            q.progress_ns = self.kernel.sched.now_ns()
+        q.outstanding += 1
+        self._outstanding += 1
+        if self._timer is None and self._start_timer is not None:
+            self._timer = self._start_timer(self.poll_ns, self._tick, f"{self.name} watchdog")
+
+    def _idle(self, q: _Queue) -> None:
+        """A request of q completed (interrupt context)."""
+        if q.outstanding > 0:
+            q.outstanding -= 1
+            self._outstanding -= 1
+        q.progress_ns = self.kernel.sched.now_ns()
+        if self._outstanding == 0:
+            self._cancel_timer()
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _tick(self) -> None:
+        """The recovery timer (interrupt context): lost interrupts, then the watchdog.
+        Nothing here touches the device unless one of them found something."""
+        self._timer = None
+        if self._in_irq:  # cannot happen (handlers never wait); be safe: look next period
+            self._rearm()
+            return
+        self._in_irq = True
+        try:
+            if self.ready and not self.dead:
+                self._check_lost_interrupts()
+                if self.ready and not self.dead:
+                    self._check_watchdog()
+            while self._irq_again:
+                self._handle_interrupt(*self._irq_again.pop(0))
+        finally:
+            self._in_irq = False
+            self._irq_again = []
+        self._rearm()
+
+    def _rearm(self) -> None:
+        if (self._timer is None and self._outstanding and self._start_timer is not None
+                and not self.dead):
+            self._timer = self._start_timer(self.poll_ns, self._tick, f"{self.name} watchdog")
+
+    def _check_lost_interrupts(self) -> None:
+        """Used buffers unreaped for a whole period mean a lost interrupt (an interrupt
+        in flight is delivered far sooner): poll them as the handler would, which also
+        re-arms the queue's interrupt (EVENT_IDX: used_event moves to the new end)."""
+        lost = []
+        for q in self._queues:
+            if q.ring.broken or not q.ring.has_used():
+                q.suspect = -1
+            elif q.suspect == q.reaps:
+                lost.append(q)
+            else:
+                q.suspect = q.reaps
+        if not lost:
+            return
+        self.lost_interrupts += 1
+        self._trace("irq_lost", queues=",".join(str(q.index) for q in lost))
+        before, gen = self._reaped, self.generation
+        if self.transport.poll_interrupt():
+            self._config_changed()
+        for q in lost:
+            if self.generation != gen or not self.ready:
+                break
+            q.suspect = -1
+            self._reap(q)
+        self.polled_completions += self._reaped - before
+        self._trace("irq_polled", completions=self._reaped - before)
+
+    def _check_watchdog(self) -> None:
+        """A submit queue with work in flight and no completion for watchdog_ns: poll
+        every ring, then check the device; reset it whatever it says (healthy but
+        stuck is wedged), so every fence in flight completes ABORTED."""
+        now = self.kernel.sched.now_ns()
+        stalled = [q for q in self._queues[A.FIRST_SUBMITQ:]
+                   if q.outstanding and now - q.progress_ns >= self.watchdog_ns]
+        if not stalled:
+            return
+        q = stalled[0]
+        self.watchdog_fires += 1
+        stall = now - q.progress_ns
+        self._trace("watchdog", queue=q.index, stall_ns=stall, in_flight=q.outstanding)
+        gen = self.generation
+        if self.transport.poll_interrupt():
+            self._config_changed()
+        if self.generation == gen and self.ready:
+            self._reap_all()
+        if self.generation != gen or not self.ready or q.progress_ns > now - stall:
+            return
+        self.recover(f"watchdog: submit queue {q.index - A.FIRST_SUBMITQ} made no progress "
+                     f"in {stall} ns")
+
+    def _external_reset(self) -> str | None:
+        """Whether the function was reset by someone else while the driver had it at
+        DRIVER_OK (device_status lost DRIVER_OK, or MSI-X was disabled): what was seen,
+        or None. Two register reads; only on the way into a recovery."""
+        if not self._queues:
+            return None
+        try:
+            status = self.transport.read_status()
+            if status == 0xFF:
+                return "device_status reads all ones: the function is gone or was reset"
+            if not status & V.STATUS_DRIVER_OK:
+                return (f"device_status {status:#x}: the function was reset behind the "
+                        "driver")
+            return self.transport.interrupts_broken()
+        except (TransportError, PciError) as e:
+            return f"the function does not answer: {e}"
+
     # ================================================================== reset / recovery
     def recover(self, reason: str) -> None:
         """Reset the function, complete everything in flight, re-initialise."""
@@ -566,10 +715,18 @@ class VA1Device:
             self.resets += 1
             self.generation += 1
             self.ready = False
+            # A reset the driver did not start (FLR, status 0 written behind it, an
+            # admin VF reset) also cleared the function's MSI-X: set it up again.
+            external = self._external_reset()
+            if external is not None:
+                self.external_resets += 1
+                reason = f"{reason}; {external}"
             self._trace("reset", reason=reason, generation=self.generation)
             try:
                 self.transport.reset()  # after this the device issues no DMA (§8)
-            except TransportError as e:
+                if external is not None:
+                    self.transport.restore_after_reset()
+            except (TransportError, PciError) as e:
                 self.dead = str(e)
             self._abort_in_flight()
             if self.dead:
@@ -599,6 +756,10 @@ class VA1Device:
                     aborted.append(token)
         if self.admin is not None:
             self.admin.abort()
+        for q in self._queues:
+            q.outstanding, q.suspect = 0, -1
+        self._outstanding = 0
+        self._cancel_timer()
         for ctx in self._contexts.values():
             ctx.lost = True
             ctx.mappings.clear()
@@ -644,6 +805,7 @@ class VA1Device:
         self.kernel.memory.write(base, req)
         token = _CtrlRequest(slot)
         q.ring.add(((base, len(req)),), ((base + CTRL_REQ_MAX, resp_size),), token)
+        self._busy(q)
         self._kick(q)
         ok = self._wait(lambda: token.done, CTRL_TIMEOUT_NS, "ctrl", request=what)
         if not ok:
@@ -903,8 +1065,15 @@ class VA1Device:
             raise VA1Error(errno.EIO, f"{self.name}: GET_STATS failed: status "
                                       f"{_status_name(tok.status)}, {len(tok.resp)} bytes")
         stats = _unpack(A.STATS_RESP, tok.resp)
-        stats["interrupts"] = self.interrupts
+        stats.update(self.debug_stats())
         return stats
+
+    def debug_stats(self) -> dict[str, int]:
+        """The driver's own counters (no device request): interrupts handled, lost
+        interrupts found and the completions polled for them, watchdog fires, resets."""
+        return {"interrupts": self.interrupts, "lost_interrupts": self.lost_interrupts,
+                "polled_completions": self.polled_completions,
+                "watchdog_fires": self.watchdog_fires, "resets": self.resets}
 
     # ================================================================== submission
     def submit(self, ctx: Context, queue: int, iova: int, length: int,
@@ -932,6 +1101,7 @@ class VA1Device:
         q.ring.add(((base, A.SUBMIT_REQ.size),),
                    ((base + A.SUBMIT_REQ.size, A.SUBMIT_RESP.size),),
                    _Submission(slot, ctx, fence))
+        self._busy(q)
         self._kick(q)
         return fence
 

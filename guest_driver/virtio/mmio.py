@@ -167,6 +167,18 @@ class VirtioMmio:
         finally:
             self._in_irq = False
 
+    def poll_interrupt(self) -> bool:
+        isr = self.interrupt_status()
+        if isr:
+            self.interrupt_ack(isr)
+        return bool(isr & R.INT_CONFIG)
+
+    def restore_after_reset(self) -> None:
+        pass  # a platform device: nothing outside the virtio registers to restore
+
+    def interrupts_broken(self) -> str | None:
+        return None  # a platform line: nothing in the function to lose
+
     def interrupt_status(self) -> int:
         return self._rd(R.INTERRUPT_STATUS)
 

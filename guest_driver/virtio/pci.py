@@ -380,6 +380,28 @@ class VirtioPci:
         isr = self.read_isr()
         self._handler(bool(isr & VP.ISR_CONFIG), None)
 
+    def poll_interrupt(self) -> bool:
+        if self.mode == MODE_SHARED:
+            return bool(self.read_isr() & VP.ISR_CONFIG)
+        return False
+
+    def restore_after_reset(self) -> None:
+        """A reset the driver did not start (an admin VF reset, an FLR nobody restored
+        the header around) cleared COMMAND and MSI-X: memory decoding and bus mastering
+        on (written even if they read as set: a VMM may shadow them), then MSI-X off and
+        the table and enable again (a VMM that shadows the capability, as VFIO does,
+        programs the host side on the enable transition)."""
+        cmd = self.fn.cfg.read16(P.COMMAND)
+        self.fn.cfg.write16(P.COMMAND, cmd | P.COMMAND_MEMORY | P.COMMAND_MASTER)
+        if self.msix is not None and self.msix.messages:
+            self.msix.reprogram()
+        self.kernel.trace.emit("function_restored", dev=self.name)
+
+    def interrupts_broken(self) -> str | None:
+        if self.msix is None or not self.msix.messages:
+            return None
+        return self.msix.lost()
+
     def read_isr(self) -> int:
         assert self.isr is not None
         return self.mmio.read(self.isr.address, 1)

@@ -82,6 +82,25 @@ class VirtioTransport(Protocol):
         """Give back what setup_interrupts took (idempotent)."""
         ...
 
+    def poll_interrupt(self) -> bool:
+        """What the interrupt handler does before calling the driver, for a driver that
+        polls because an interrupt was lost: virtio-mmio reads and ACKs InterruptStatus
+        (so the device drops its line and the next used buffer raises it again),
+        virtio-pci in shared-vector mode reads the ISR. Returns whether a configuration
+        change was pending. Interrupt context."""
+        ...
+
+    def restore_after_reset(self) -> None:
+        """After a reset the driver did not start: set up again what the reset cleared
+        outside the virtio registers (PCI: COMMAND and MSI-X: disable, table, enable),
+        before setup_interrupts routes the queues. Interrupt context."""
+        ...
+
+    def interrupts_broken(self) -> str | None:
+        """Why the function can no longer interrupt the driver (e.g. MSI-X disabled by a
+        reset the driver did not start), or None. Interrupt context."""
+        ...
+
 
 class FeatureWindow(Protocol):
     """The primitives feature negotiation is built from (both transports have them)."""

@@ -593,7 +593,8 @@ def test_stats(dev: Device, fake_os: Any) -> None:
     st = dev.stats()
     assert st["submissions"] == 1 and st["commands"] == 2
     assert set(st) == {"submissions", "commands", "device_time_ns", "dma_bytes", "faults",
-                       "interrupts"}
+                       "interrupts", "lost_interrupts", "polled_completions",
+                       "watchdog_fires", "resets"}
 
 
 def test_gemm_scalar_errors_leave_stream_untouched(dev: Device) -> None:
