@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-stamp
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test,onnx]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test,onnx,cluster]'
 	@touch $(STAMP)
 
 demo: $(STAMP)
