@@ -260,7 +260,7 @@ def run_jobs(jobs: Sequence[Job], *, workers: int = 1, cluster: str | None = Non
         with Client(cluster, set_as_default=False) as client:
             futures = client.map(explore_seed, list(jobs), pure=False)
             index = {f.key: i for i, f in enumerate(futures)}
-            for fut in as_completed(futures):
+            for fut in as_completed(futures, loop=client.loop):
                 r = fut.result()
                 results[index[fut.key]] = r
                 if progress is not None:
