@@ -257,10 +257,10 @@ def run_jobs(jobs: Sequence[Job], *, workers: int = 1, cluster: str | None = Non
     results: dict[int, SeedResult] = {}
     if cluster is not None:
         from distributed import Client, as_completed
-        with Client(cluster, set_as_default=False) as client:
+        with Client(cluster, set_as_default=False) as client:  # type: ignore[no-untyped-call]
             futures = client.map(explore_seed, list(jobs), pure=False)
             index = {f.key: i for i, f in enumerate(futures)}
-            for fut in as_completed(futures, loop=client.loop):
+            for fut in as_completed(futures, loop=client.loop):  # type: ignore[no-untyped-call]
                 r = fut.result()
                 results[index[fut.key]] = r
                 if progress is not None:
