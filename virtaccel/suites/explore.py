@@ -185,21 +185,27 @@ def _results(image: VmImage, result: Any) -> dict[str, bool]:
 
 
 def shrink(job: Job, kinds: set[str]) -> tuple[tuple[FaultEntry, ...], list[Breach], int]:
-    """Remove entries one at a time while the run still breaks one of `kinds`; the
-    plan no single removal keeps failing, its breaches, and the runs it took."""
+    """Delta debugging by removal: drop a chunk of entries (halves first, then smaller
+    chunks down to single entries) whenever the run still breaks one of `kinds`. The
+    result is a plan no single removal keeps failing, its breaches and the runs taken."""
     current = job.entries
     breaches: list[Breach] = []
     runs = 0
-    changed = True
-    while changed and current:
-        changed = False
-        for i in range(len(current)):
-            trial = current[:i] + current[i + 1:]
+    n = 2
+    while current:
+        size = -(-len(current) // n)
+        for start in range(0, len(current), size):
+            trial = current[:start] + current[start + size:]
             got, _ = run_once(job.image, job.seed, trial, job.breaks, job.wait_bound_ns)
             runs += 1
             if any(b.kind in kinds for b in got):
-                current, breaches, changed = trial, got, True
+                current, breaches = trial, got
+                n = max(n - 1, 2)
                 break
+        else:
+            if size == 1:
+                break
+            n = min(n * 2, len(current))
     return current, breaches, runs
 
 
