@@ -19,7 +19,8 @@ test: $(STAMP)
 	$(PY) -m mypy
 	$(PY) -m pytest -q
 
-# Long campaigns that make test leaves out: the whole hostile catalogue on every attachment.
+# Long campaigns that make test leaves out: the whole hostile catalogue on every attachment,
+# and virtaccel explore over 1000 seeds of tenants-8 with every implemented fault action.
 campaign: $(STAMP)
 	$(PY) -m pytest -q -m campaign
 
