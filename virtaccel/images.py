@@ -257,22 +257,34 @@ def _faults(c: _Checker, doc: dict[str, Any], mode: str, transport: str, name: s
         raise c.fail("faults", "must be an array of tables ([[faults]])")
     try:
         plan = FaultPlan(raw)
-        if tenants:
-            known = {t.name for t in tenants} | {f"vf{t.index}" for t in tenants}
-            plan.check_functions(lambda f: f in known or f.startswith("0000:"))
-        else:
-            plan.check_functions(lambda f: f == name or (mode == "passthrough"
-                                                         and f.startswith("0000:")))
-            if transport == "mmio":
-                for i, e in enumerate(plan.entries):
-                    if e.action in ("flr", "duplicate_interrupt"):
-                        raise FaultPlanError(i, e.name, "action",
-                                             f"{e.action} needs a PCI function with MSI-X; "
-                                             "this image attaches virtio-mmio")
+        _check_plan_functions(plan, mode, transport, name, tenants)
     except FaultPlanError as e:
         where = f"faults[{e.index}]" + (f".{e.field}" if e.field else "")
         raise c.fail(where, e.problem) from None
     return plan
+
+
+def check_plan(image: VmImage, plan: FaultPlan) -> None:
+    """FaultPlanError naming the first entry of `plan` that cannot run on `image` (a
+    function it does not have, an action its attachment cannot take)."""
+    acc = image.accelerator
+    _check_plan_functions(plan, acc.mode, acc.transport, image.name, image.tenants)
+
+
+def _check_plan_functions(plan: FaultPlan, mode: str, transport: str, name: str,
+                          tenants: tuple[TenantImage, ...]) -> None:
+    if tenants:
+        known = {t.name for t in tenants} | {f"vf{t.index}" for t in tenants}
+        plan.check_functions(lambda f: f in known or f.startswith("0000:"))
+    else:
+        plan.check_functions(lambda f: f == name or (mode == "passthrough"
+                                                     and f.startswith("0000:")))
+        if transport == "mmio":
+            for i, e in enumerate(plan.entries):
+                if e.action in ("flr", "duplicate_interrupt"):
+                    raise FaultPlanError(i, e.name, "action",
+                                         f"{e.action} needs a PCI function with MSI-X; "
+                                         "this image attaches virtio-mmio")
 
 
 def _memory(c: _Checker, raw: Any, where: str) -> int:
@@ -410,10 +422,13 @@ class ImageRun:
 
 
 def run_image(image: VmImage, seed: int | None = None, keep_trace: bool = False, *,
-              card_factory: Any = None, pf_driver_factory: Any = None) -> ImageRun:
+              card_factory: Any = None, pf_driver_factory: Any = None,
+              on_launch: Callable[[Any], Any] | None = None) -> ImageRun:
     """Boot the image, run its program as program(os, seed=seed, **args) in a guest task
     (sriov-vf: every tenant VM's program, each in its own guest task, seeded per VF; the
-    result is {"ok": all ok, "tenants": {name: result}})."""
+    result is {"ok": all ok, "tenants": {name: result}}). `on_launch(session)` is called
+    once the session is launched, before any guest task is spawned (a watcher such as
+    suites.invariants.Invariants goes in there)."""
     from .errors import LaunchError
     from .session import Session
     seed = image.seed if seed is None else seed
@@ -435,6 +450,8 @@ def run_image(image: VmImage, seed: int | None = None, keep_trace: bool = False,
         reason = cause.strerror if isinstance(cause, OSError) and cause.strerror else cause
         raise ImageError(f"{image.path}: accelerator: {reason or e}") from None
     with session:
+        if on_launch is not None:
+            on_launch(session)
         tasks = [session.spawn(_bind(prog, session.program_seed(i), args), vm=i, name=name)
                  for i, (prog, name, args) in enumerate(zip(programs, names, arglists))]
         session.run_tasks()

@@ -159,6 +159,35 @@ def build_parser() -> argparse.ArgumentParser:
                         "(device_model.testing_breaks) and check some scenario turns FAIL "
                         "or WEDGED (with --attach: on each attachment a breakage applies to)")
 
+    p = _verb(sub, "explore", ".explore:cli",
+              "run IMAGE over many seeds (with fault plans), check the invariants, and "
+              "shrink every failure to a minimal fault plan that replays it; exit 1 on any "
+              "failure")
+    p.add_argument("image", metavar="IMAGE", help="a VM image file (TOML)")
+    p.add_argument("--seeds", required=True, metavar="A:B",
+                   help="the seeds A, A+1, .. B-1 (A < B, each 0 .. 2**64-1)")
+    p.add_argument("--faults", metavar="PLAN.toml", default=None,
+                   help="a fault plan ([[faults]] tables) for every seed, instead of the "
+                        "image's own")
+    p.add_argument("--random-faults", type=integer("--random-faults", 0, 64), default=0,
+                   metavar="N", help="add N faults drawn per seed from a seeded generator "
+                                     "(default 0)")
+    p.add_argument("--jobs", type=integer("--jobs", 1, 1024), default=None, metavar="N",
+                   help="local worker processes (default: the CPUs); the report is the same "
+                        "whatever N")
+    p.add_argument("--cluster", metavar="ADDRESS", default=None,
+                   help="run the seeds on this Dask scheduler (tcp://host:8786) instead of "
+                        "local processes (needs the 'cluster' extra)")
+    p.add_argument("--break", dest="breaks", metavar="NAME[,NAME]", default=None,
+                   help="break on purpose (docs/faults.md): lost_irq, or driver.<name>; "
+                        "default: $VIRTACCEL_BREAK")
+    p.add_argument("--wait-bound-ns", type=integer("--wait-bound-ns", 1, (1 << 63) - 1),
+                   default=None, metavar="NS",
+                   help="a guest wait longer than this breaks an invariant (default 2 s)")
+    p.add_argument("--plans", metavar="DIR", default=None,
+                   help="write each failing seed's minimal plan to DIR/seed-<N>.toml")
+    _json(p, "the report")
+
     p = _verb(sub, "stats", ".stats:cli",
               "run the demo workload and print per-function and per-context counters")
     _seed(p)

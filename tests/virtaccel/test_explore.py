@@ -1,0 +1,351 @@
+"""Invariants (suites.invariants) and seed exploration (suites.explore, `virtaccel
+explore`): a clean run keeps every invariant, each breach kind is named when forced, a
+failure shrinks to the one fault that breaks, and the report is the same whatever
+--jobs or the engine (local processes, a Dask LocalCluster)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from virtaccel import Session
+from virtaccel.cli import main
+from virtaccel.images import load_image
+from virtaccel.suites.explore import explore, plan_toml, run_once
+from virtaccel.suites.invariants import BREACH_KINDS, Invariants, check_breaks
+from vmm.faults import FaultEntry, FaultPlan
+from vmm.trace import TraceEvent
+
+TINY = """\
+name = "tenants-2"
+description = "two small tenants, for explore tests"
+seed = 0
+[machine]
+memory = "16M"
+[accelerator]
+mode = "sriov-vf"
+transport = "pci"
+[accelerator.config]
+num_compute_units = 2
+[accelerator.resources]
+device_memory = "8M"
+num_submit_queues = 1
+max_contexts = 2
+[program]
+entry = "virtaccel.guests.tenant:checked_gemm"
+[program.args]
+count = 4
+depth = 2
+m = 16
+k = 16
+n = 16
+[[tenant]]
+name = "t1"
+[[tenant]]
+name = "t2"
+"""
+
+DROP = FaultEntry("t1", "drop_interrupt", after=6, on="interrupt", name="drop")
+HARMLESS = (
+    FaultEntry("t2", "delay_interrupt", after=2, on="interrupt", delay_ns=5000, name="late"),
+    FaultEntry("t2", "duplicate_interrupt", after=3, on="interrupt", name="twice"),
+    FaultEntry("t1", "delay_interrupt", after=1, on="kick", delay_ns=3000, name="slow"),
+)
+
+
+@pytest.fixture()
+def tiny(tmp_path: Path) -> Path:
+    p = tmp_path / "tenants-2.toml"
+    p.write_text(TINY)
+    return p
+
+
+# -- invariants -----------------------------------------------------------------------------
+
+
+def test_clean_run_keeps_every_invariant(tiny: Path) -> None:
+    breaches, injected = run_once(load_image(tiny), 3, ())
+    assert breaches == [] and injected == 0
+
+
+def test_harmless_faults_keep_every_invariant(tiny: Path) -> None:
+    breaches, injected = run_once(load_image(tiny), 3, HARMLESS)
+    assert injected == 3
+    assert breaches == [], [str(b) for b in breaches]
+
+
+def _ev(t: int, source: str, kind: str, **fields: object) -> TraceEvent:
+    return TraceEvent(t, source, kind, tuple(fields.items()))
+
+
+@pytest.fixture()
+def watcher() -> Any:
+    """An Invariants on a launched two-VM session, fed events by hand (forced breaches)."""
+    s = Session(attach="pci", vms=["a", "b"], memory=16 << 20, seed=1).launch()
+    inv = Invariants(s, wait_bound_ns=1000)
+    yield inv
+    s.close()
+
+
+def kinds(inv: Invariants, **kw: Any) -> list[str]:
+    return [b.kind for b in inv.check(**kw)]
+
+
+def test_fresh_watcher_has_no_breach(watcher: Invariants) -> None:
+    assert watcher.check() == [] and watcher.victims == ["a", "b"]
+
+
+def test_double_signal(watcher: Invariants) -> None:
+    for t in (10, 20):
+        watcher(_ev(t, "a.kernel", "fence_signal", context=1, fence=1, status=0))
+    assert kinds(watcher) == ["double_signal"]
+    assert "context 1 fence 1 signalled again" in str(watcher.check()[0])
+
+
+def test_unnamed_status(watcher: Invariants) -> None:
+    watcher(_ev(10, "a.kernel", "fence_signal", context=1, fence=1, status=999))
+    assert kinds(watcher) == ["unnamed_status"]
+
+
+def test_lost_fence_gap_wait_and_device_completion(watcher: Invariants) -> None:
+    dev = next(src for src, vm in watcher._device.items() if vm == "a")
+    watcher(_ev(10, "a.kernel", "fence_signal", context=1, fence=2, status=0))
+    watcher(_ev(11, "a.kernel", "wait", what="fence", context=1, fence=3))
+    watcher(_ev(12, dev, "submit_start", queue=2, context=1, fence=4))
+    watcher(_ev(13, dev, "submit_end", queue=2, context=1, fence=4, status="OK"))
+    got = watcher.check()
+    assert [b.kind for b in got] == ["lost_fence"] * 3
+    assert "fences 1 never signalled" in got[0].detail
+    assert "fence 3 waited on" in got[1].detail
+    assert "completed 1 submission(s) with fence 4" in got[2].detail
+
+
+def test_hung_wait_over_the_bound_and_forever(watcher: Invariants) -> None:
+    watcher(_ev(0, "machine", "wait", task="a", what="x", timeout=-1))
+    watcher(_ev(5000, "machine", "wake", task="a", what="x", ok=True))
+    watcher(_ev(6000, "machine", "wait", task="b", what="y", timeout=-1))
+    watcher(_ev(6100, "machine", "wake", task="b", what="y", ok=False))
+    watcher(_ev(7000, "machine", "wait", task="b", what="sleep", timeout=10**6))
+    watcher(_ev(10**6 + 7000, "machine", "wake", task="b", what="sleep", ok=False))
+    got = watcher.check()
+    assert [(b.kind, b.where) for b in got] == [("hung_wait", "a"), ("hung_wait", "b")]
+    assert "5000 ns (bound 1000 ns)" in got[0].detail and "forever" in got[1].detail
+
+
+def test_victims_error_failed_stalled(watcher: Invariants) -> None:
+    dev_b = next(src for src, vm in watcher._device.items() if vm == "b")
+    watcher(_ev(1, "faults", "fault_injected", entry="x", action="flr", function="a"))
+    watcher(_ev(2, "a.kernel", "fence_signal", context=1, fence=1, status=1))   # faulted VM
+    watcher(_ev(3, "b.kernel", "fence_signal", context=1, fence=1, status=8))   # victim
+    watcher(_ev(4, dev_b, "submit_start", queue=2, context=1, fence=2))
+    watcher(_ev(5, "machine", "task_end", task="b", ok=False))
+    assert watcher.victims == ["b"]
+    got = watcher.check(results={"a": False, "b": False})
+    assert [b.kind for b in got] == ["victim_error", "victim_stalled", "victim_failed",
+                                     "victim_failed"]
+    assert all(b.where == "b" for b in got)
+    assert "DMA_FAULT" in got[0].detail
+
+
+def test_driver_violation_only_for_the_projects_driver() -> None:
+    s = Session(attach="pci", vms=["a", "b"], memory=16 << 20, seed=1).launch()
+    try:
+        inv = Invariants(s, foreign=["b"])
+        for vm, src in sorted((vm, src) for src, vm in inv._device.items()):
+            inv(_ev(1, src, "violation", rule="2.1.2", message="written while DRIVER_OK"))
+        assert [(b.kind, b.where) for b in inv.check()] == [("driver_violation", "a")]
+    finally:
+        s.close()
+
+
+def test_every_breach_kind_is_documented() -> None:
+    doc = Path(__file__).resolve().parents[2].joinpath("docs", "faults.md").read_text()
+    for k in BREACH_KINDS:
+        assert f"`{k}`" in doc, k
+
+
+def test_bad_watcher_arguments() -> None:
+    s = Session(attach="pci", memory=16 << 20).launch()
+    try:
+        with pytest.raises(ValueError, match="wait_bound_ns 0"):
+            Invariants(s, wait_bound_ns=0)
+        with pytest.raises(ValueError, match="foreign VMs nope"):
+            Invariants(s, foreign=["nope"])
+        with pytest.raises(ValueError, match="unknown breakage 'x'"):
+            check_breaks(["x"])
+        assert check_breaks(["lost_irq", "driver.no_poll", "lost_irq"]) == \
+            ("lost_irq", "driver.no_poll")
+    finally:
+        s.close()
+
+
+# -- explore --------------------------------------------------------------------------------
+
+
+def test_shrinks_to_the_one_fault_that_breaks(tiny: Path) -> None:
+    """With the lost-interrupt breakage, of four faults only the dropped interrupt breaks
+    an invariant; the shrinker keeps it alone, and its TOML replays the failure."""
+    image = load_image(tiny)
+    plan = FaultPlan(HARMLESS[:1] + (DROP,) + HARMLESS[1:])
+    report = explore(image, range(0, 2), plan=plan, breaks=("lost_irq",))
+    assert report.failures and [r.seed for r in report.failures] == [0, 1]
+    for r in report.failures:
+        assert [e["name"] for e in r.minimal or []] == ["drop"], f"seed {r.seed}"
+        assert {b["kind"] for b in r.breaches} >= {"lost_fence"}
+        assert all(b["where"] == "t1" for b in r.breaches)    # t2, the victim, is fine
+    again = explore(image, range(0, 1), plan=FaultPlan(
+        [FaultEntry(**e) for e in report.failures[0].minimal or []]), breaks=("lost_irq",))
+    assert not again.ok
+    assert again.failures[0].breaches == report.failures[0].minimal_breaches
+
+
+def test_without_the_breakage_the_harmless_plan_passes(tiny: Path) -> None:
+    report = explore(load_image(tiny), range(0, 2), plan=FaultPlan(HARMLESS))
+    assert report.ok and report.as_dict()["faults_injected"] == 6
+
+
+def test_random_plans_are_seeded(tiny: Path) -> None:
+    from virtaccel.suites.explore import random_entries
+    image = load_image(tiny)
+    a, b = random_entries(image, 7, 5), random_entries(image, 7, 5)
+    assert a == b and len(a) == 5 and a != random_entries(image, 8, 5)
+    FaultPlan(a)   # valid
+    assert all(e.function in ("t1", "t2") for e in a)
+
+
+def cli(argv: list[str], capsys: Any) -> tuple[int, str, str]:
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_report_is_the_same_whatever_jobs(tiny: Path, tmp_path: Path, capsys: Any) -> None:
+    docs = []
+    for jobs in ("1", "2"):
+        out = tmp_path / f"j{jobs}.json"
+        code, _, _ = cli(["explore", str(tiny), "--seeds", "0:4", "--random-faults", "3",
+                          "--break", "lost_irq", "--jobs", jobs, "--json", str(out)], capsys)
+        docs.append(out.read_text())
+        assert code == (0 if json.loads(docs[-1])["ok"] else 1)
+    assert docs[0] == docs[1]
+    doc = json.loads(docs[0])
+    assert doc["runs"] == 4 and doc["faults_injected"] > 0
+
+
+def test_cli_prints_seed_and_minimal_plan(tiny: Path, tmp_path: Path, capsys: Any,
+                                         monkeypatch: Any) -> None:
+    plan = tmp_path / "plan.toml"
+    plan.write_text(plan_toml([e.as_dict() for e in (DROP,) + HARMLESS]))
+    plans = tmp_path / "plans"
+    plans.mkdir()
+    monkeypatch.setenv("VIRTACCEL_BREAK", "lost_irq")     # the switch, from the environment
+    code, out, err = cli(["explore", str(tiny), "--seeds", "0:1", "--faults", str(plan),
+                          "--jobs", "1", "--plans", str(plans)], capsys)
+    monkeypatch.delenv("VIRTACCEL_BREAK")
+    assert code == 1, err
+    assert "--- seed 0: minimal plan ---" in out and 'name = "drop"' in out
+    written = (plans / "seed-0.toml").read_text()
+    assert 'action = "drop_interrupt"' in written and "delay" not in written
+    code, out, _ = cli(["explore", str(tiny), "--seeds", "0:1", "--faults",
+                        str(plans / "seed-0.toml"), "--jobs", "1", "--break", "lost_irq"],
+                       capsys)
+    assert code == 1 and "1 failing seeds" in out
+
+
+def test_cluster_run_equals_the_local_run(tiny: Path) -> None:
+    """The same campaign on a Dask LocalCluster (in-process workers) reports the same."""
+    distributed = pytest.importorskip("distributed")
+    image = load_image(tiny)
+    args: dict[str, Any] = {"random_faults": 3, "breaks": ("lost_irq",)}
+    local = explore(image, range(0, 4), **args).as_dict()
+    with distributed.LocalCluster(processes=False, n_workers=2, threads_per_worker=1,
+                                  dashboard_address=None) as cluster:
+        remote = explore(image, range(0, 4), cluster=cluster.scheduler_address,
+                         **args).as_dict()
+    assert remote == local
+    assert local["runs"] == 4
+
+
+BAD_PLANS = {
+    "unknown action": ('[[faults]]\nfunction = "t1"\naction = "explode"\nat_ns = 0\n',
+                       "unknown action 'explode'"),
+    "no such function": ('[[faults]]\nfunction = "t9"\naction = "flr"\nat_ns = 0\n',
+                         "no function 't9'"),
+    "probability": ('[[faults]]\nfunction = "t1"\naction = "drop_interrupt"\n'
+                    'probability = 1.5\non = "interrupt"\n', "outside [0, 1]"),
+    "not toml": ("[[faults\n", "not valid TOML"),
+    "other key": ('seed = 3\n', "unknown key 'seed'"),
+}
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--seeds", "5:3"], "--seeds '5:3': empty range"),
+    (["--seeds", "a:b"], "--seeds 'a:b': A and B must be integers"),
+    (["--seeds", "4"], "--seeds '4': give A:B"),
+    (["--seeds", "0:18446744073709551617"], "seeds are 0 .. 2**64-1"),
+    (["--seeds", "0:1", "--faults", "/nonexistent/plan.toml"], "cannot read"),
+    (["--seeds", "0:1", "--break", "nope"], "unknown breakage 'nope'"),
+    (["--seeds", "0:1", "--jobs", "0"], "--jobs: 0 is outside 1 .. 1024"),
+    (["--seeds", "0:1", "--plans", "/nonexistent"], "--plans /nonexistent: not a directory"),
+])
+def test_bad_input_is_one_line_exit_2(tiny: Path, capsys: Any, argv: list[str],
+                                      message: str) -> None:
+    code, out, err = cli(["explore", str(tiny)] + argv, capsys)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and message in err, err
+
+
+@pytest.mark.parametrize("case", sorted(BAD_PLANS))
+def test_bad_plan_is_one_line_exit_2(tiny: Path, tmp_path: Path, capsys: Any,
+                                     case: str) -> None:
+    text, message = BAD_PLANS[case]
+    plan = tmp_path / "bad.toml"
+    plan.write_text(text)
+    code, out, err = cli(["explore", str(tiny), "--seeds", "0:1", "--faults", str(plan)],
+                         capsys)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and message in err and str(plan) in err, err
+
+
+def test_unknown_image_is_one_line_exit_2(tmp_path: Path, capsys: Any) -> None:
+    code, _, err = cli(["explore", str(tmp_path / "none.toml"), "--seeds", "0:1"], capsys)
+    assert code == 2 and "cannot read" in err and err.count("\n") == 1
+
+
+# -- the long campaign (make campaign) ------------------------------------------------------
+
+EVERY_ACTION = [
+    {"name": "drop", "function": "tenant3", "action": "drop_interrupt", "after": 20,
+     "on": "interrupt"},
+    {"name": "late", "function": "tenant2", "action": "delay_interrupt", "after": 5,
+     "on": "interrupt", "delay_ns": 20000},
+    {"name": "twice", "function": "tenant4", "action": "duplicate_interrupt", "after": 7,
+     "on": "interrupt"},
+    {"name": "dmar", "function": "tenant5", "action": "fail_dma_read", "after": 3,
+     "on": "submission"},
+    {"name": "dmaw", "function": "tenant6", "action": "fail_dma_write", "after": 4,
+     "on": "submission"},
+    {"name": "slow", "function": "tenant7", "action": "delay_mmio_exit", "after": 2,
+     "on": "kick", "delay_ns": 7000},
+    {"name": "flr", "function": "tenant8", "action": "flr", "after": 6, "on": "command"},
+]
+
+
+@pytest.mark.campaign
+def test_campaign_tenants8_1000_seeds_every_action(capsys: Any) -> None:
+    """1000 seeds of tenants-8 with a plan of every implemented action and the lost-IRQ
+    breakage: every failing seed names a minimal plan that replays it, and the victims
+    of other tenants' faults are never the ones breaking."""
+    image = load_image(Path(__file__).resolve().parents[2] / "vm_images" / "tenants-8.toml")
+    plan = FaultPlan(EVERY_ACTION)
+    report = explore(image, range(0, 1000), plan=plan, breaks=("lost_irq",), workers=2)
+    assert len(report.results) == 1000
+    assert report.failures, "the lost-IRQ breakage must break some seed"
+    for r in report.failures[:5]:
+        names = [e["name"] for e in r.minimal or []]
+        assert names and len(names) < len(EVERY_ACTION), (r.seed, names)
+        again = explore(image, range(r.seed, r.seed + 1), plan=FaultPlan(r.minimal or []),
+                        breaks=("lost_irq",))
+        assert not again.ok, f"seed {r.seed}: minimal plan {names} does not replay"
