@@ -35,13 +35,32 @@ class AccelGuestOS:
         self.devices: dict[str, VA1Device] = {}
         self.probe_errors: list[str] = []  # one line per device that failed to bind
         self.pfs: dict[str, VA1Pf] = {}    # SR-IOV PFs (host), by device path
+        self.files: list[VA1File] = []     # every file opened here, in order
+        self.killed = False
 
     def open(self, path: str) -> DeviceFile:
+        if self.killed:
+            raise OSError(errno.ESRCH, f"{path}: the program was killed")
         dev = self.devices.get(path)
         if dev is None:
             raise OSError(errno.ENOENT, f"{path}: no such device "
                                         f"(have {', '.join(sorted(self.devices)) or 'none'})")
-        return VA1File(dev, path)
+        f = VA1File(dev, path)
+        self.files.append(f)
+        return f
+
+    def kill(self) -> list[str]:
+        """The program died: the kernel's exit path closes every device file it still
+        has open (the uAPI's close: contexts destroyed, buffers freed once idle), in the
+        calling task. Its later calls on them fail EBADF, a new open ESRCH. Returns the
+        paths closed."""
+        self.killed = True
+        closed = []
+        for f in self.files:
+            if not f.closed:
+                f.close()
+                closed.append(f.path)
+        return closed
 
     def _probe_error(self, error: str, **where: object) -> None:
         self.probe_errors.append(error)

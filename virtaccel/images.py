@@ -279,6 +279,15 @@ def _check_plan_functions(plan: FaultPlan, mode: str, transport: str, name: str,
     else:
         plan.check_functions(lambda f: f == name or (mode == "passthrough"
                                                      and f.startswith("0000:")))
+        for i, e in enumerate(plan.entries):
+            if e.action in ("vf_reset", "vf_stop"):
+                raise FaultPlanError(i, e.name, "action",
+                                     f"{e.action} is an admin command of an SR-IOV VF's "
+                                     "PF; this image has no VF (mode sriov-vf)")
+            if e.action == "iommu_unmap" and mode != "passthrough":
+                raise FaultPlanError(i, e.name, "action",
+                                     "iommu_unmap needs a function behind the IOMMU; "
+                                     "this image's emulated function has none")
         if transport == "mmio":
             for i, e in enumerate(plan.entries):
                 if e.action in ("flr", "duplicate_interrupt"):

@@ -10,7 +10,17 @@ real ones; the faults sit in the platform's ports (docs/faults.md):
 - DMA: the function's DMA port (`vmm.dma.GuestDma`, `vmm.iommu.IommuDma`), refused as
   an IOMMU fault would be (the device gets a DmaFault, nothing moves);
 - MMIO exits: the VM's `vmm.guest.GuestMmio`;
-- FLR: the function's PCI config space, written from the host side.
+- FLR: the function's PCI config space, written from the host side;
+- VF reset / stop: the host's PF driver (its admin queue), run in a host task;
+- IOMMU unmap: the function's IOMMU domain (the host's IOMMU driver unmapping a range);
+- an engine hang, an internal error (NEEDS_RESET): the device's test port
+  (`device_model.va1.device.FaultPort`), as a failure found inside the device;
+- a guest process killed: its guest OS's exit path (`AccelGuestOS.kill`), closing its
+  device files through the uAPI's close.
+
+Actions that need a task context (the admin queue's waits, the guest kernel's close)
+run in one task the injector spawns when it is installed ("faults"): it waits until a
+trigger hands it work, and ends when every other task has ended.
 
 A `FaultPlan` is checked entry by entry when it is made (`FaultPlanError` names the
 entry); a `FaultInjector` resolves the functions against what a session built, then
@@ -29,14 +39,16 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Mapping, Sequence
 
 from device_model.pci.api import PciFunction
+from device_model.va1.device import FaultPort
 from hwspec import pci as P
 
 from .dma import GuestDma
 from .errors import VmmError
 from .host import Host
-from .iommu import IommuDma
+from .iommu import PAGE_MASK, PAGE_SIZE, IommuDma, IommuError
+from .iommu import Mapping as IommuMapping
 from .irq import Line
-from .machine import Machine
+from .machine import GuestDeadlock, GuestTask, Machine, TaskState
 from .msi import RequesterMsiPort
 from .pci.host_bridge import PciHost, PciSlot
 from .trace import TraceEvent
@@ -46,14 +58,19 @@ from .vm import Vm
 EVENT_KINDS = ("submission", "command", "kick", "interrupt", "dma")
 INTERRUPT_ACTIONS = ("drop_interrupt", "delay_interrupt", "duplicate_interrupt")
 DMA_ACTIONS = ("fail_dma_read", "fail_dma_write")
-IMPLEMENTED = INTERRUPT_ACTIONS + DMA_ACTIONS + ("delay_mmio_exit", "flr")
-PLANNED = ("hang_engine", "needs_reset", "vf_reset", "vf_stop", "iommu_unmap", "kill_process")
+DEVICE_ACTIONS = ("hang_engine", "needs_reset")      # through the device's FaultPort
+TASK_ACTIONS = ("vf_reset", "vf_stop", "kill_process")   # need a task context
+IMPLEMENTED = INTERRUPT_ACTIONS + DMA_ACTIONS + ("delay_mmio_exit", "flr") + DEVICE_ACTIONS \
+    + ("vf_reset", "vf_stop", "iommu_unmap", "kill_process")
+PLANNED: tuple[str, ...] = ()
 ACTIONS = IMPLEMENTED + PLANNED
 DELAY_REQUIRED = ("delay_interrupt", "delay_mmio_exit")
 DELAY_OPTIONAL = ("duplicate_interrupt",)
+DURATION_ACTIONS = ("vf_stop", "iommu_unmap")   # undone after duration_ns when given
 DUPLICATE_DELAY_NS = 10_000   # the copy arrives after the original was handled
 MAX_NS = (1 << 63) - 1
-ENTRY_KEYS = ("name", "function", "action", "at_ns", "after", "on", "probability", "delay_ns")
+ENTRY_KEYS = ("name", "function", "action", "at_ns", "after", "on", "probability", "delay_ns",
+              "duration_ns", "iova", "length", "process")
 _SEED_SALT = 0xFA_0175
 
 
@@ -85,6 +102,10 @@ class FaultEntry:
     on: str | None = None
     probability: float | None = None
     delay_ns: int | None = None
+    duration_ns: int | None = None    # vf_stop: resume after; iommu_unmap: map back after
+    iova: int | None = None           # iommu_unmap: the range (else the next DMA's pages)
+    length: int | None = None
+    process: int | None = None        # kill_process: the Nth program spawned in the VM
     name: str = ""
 
     @classmethod
@@ -104,7 +125,7 @@ class FaultEntry:
             if key in raw and not isinstance(raw[key], str):
                 raise FaultPlanError(index, name, key,
                                      f"must be text, not {type(raw[key]).__name__}")
-        for key in ("at_ns", "after", "delay_ns"):
+        for key in ("at_ns", "after", "delay_ns", "duration_ns", "iova", "length", "process"):
             v = raw.get(key)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
                 raise FaultPlanError(index, name, key,
@@ -168,6 +189,30 @@ def _check_entry(e: FaultEntry, i: int) -> None:
         lo = 0 if e.action in DELAY_OPTIONAL else 1
         if not _is_int(e.delay_ns) or not lo <= e.delay_ns <= MAX_NS:
             raise fail("delay_ns", f"{e.delay_ns!r}: {lo} .. 2**63-1 ns")
+    if e.duration_ns is not None:
+        if e.action not in DURATION_ACTIONS:
+            raise fail("duration_ns", f"{e.action} takes no duration_ns (only "
+                                      f"{', '.join(DURATION_ACTIONS)})")
+        if not _is_int(e.duration_ns) or not 1 <= e.duration_ns <= MAX_NS:
+            raise fail("duration_ns", f"{e.duration_ns!r}: 1 .. 2**63-1 ns")
+    for key in ("iova", "length"):
+        if getattr(e, key) is not None and e.action != "iommu_unmap":
+            raise fail(key, f"{e.action} takes no {key} (only iommu_unmap)")
+    if e.action == "iommu_unmap" and (e.iova is None) != (e.length is None):
+        missing = "length" if e.length is None else "iova"
+        raise fail(missing, "iova and length go together (neither: the next DMA's pages)")
+    if e.iova is not None and e.length is not None:
+        if not _is_int(e.iova) or e.iova < 0 or e.iova & PAGE_MASK:
+            raise fail("iova", f"{e.iova!r}: a {PAGE_SIZE}-byte aligned IOVA >= 0")
+        if not _is_int(e.length) or e.length < 1 or e.length & PAGE_MASK:
+            raise fail("length", f"{e.length!r}: a positive multiple of {PAGE_SIZE} bytes")
+        if e.iova + e.length > 1 << 64:
+            raise fail("length", f"[{e.iova:#x}, +{e.length:#x}) overflows 64 bits")
+    if e.process is not None:
+        if e.action != "kill_process":
+            raise fail("process", f"{e.action} takes no process (only kill_process)")
+        if not _is_int(e.process) or not 1 <= e.process <= 1 << 20:
+            raise fail("process", f"{e.process!r}: the Nth program spawned in the VM, N >= 1")
 
 
 def _is_int(v: object) -> bool:
@@ -222,6 +267,9 @@ class FaultTarget:
     msi: RequesterMsiPort | None = None
     line: Line | None = None
     pci: tuple[PciHost, PciSlot] | None = None  # where its config space is written (FLR)
+    host: Host | None = None                   # an assigned function's host
+    pf: str | None = None                      # a VF: its PF's PCI name
+    vf: int | None = None                      # a VF: its number (1-based)
 
 
 def fault_targets(vms: Sequence[Vm], host: Host | None = None) -> dict[str, FaultTarget]:
@@ -243,7 +291,9 @@ def fault_targets(vms: Sequence[Vm], host: Host | None = None) -> dict[str, Faul
             aliases = (hf.name,) if hf.vf_index is None else (f"vf{hf.vf_index}", hf.name)
             found.append(FaultTarget(vm.name, aliases, vm, hf.dma, hf.device,
                                      _source(hf.device), msi=hf.msi,
-                                     pci=(host.pci, hf.slot) if host is not None else None))
+                                     pci=(host.pci, hf.slot) if host is not None else None,
+                                     host=host, pf=hf.pf.name if hf.pf is not None else None,
+                                     vf=hf.vf_index))
         for n, target in enumerate(found):
             if n:
                 target.name = f"{vm.name}.{n}"
@@ -289,7 +339,8 @@ class _Function:
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(EVENT_KINDS, 0))
     by_kind: dict[str, list[int]] = field(default_factory=dict)
     armed: dict[str, deque[_Armed]] = field(
-        default_factory=lambda: {k: deque() for k in ("interrupt", "read", "write", "mmio")})
+        default_factory=lambda: {k: deque() for k in ("interrupt", "read", "write", "mmio",
+                                                      "unmap")})
     wanted: bool = False                  # the level the device last asked for (a line)
     deferred: bool = False                # a delayed rise is pending
     applying: bool = False
@@ -368,6 +419,13 @@ class _Function:
                 armed = self.armed[op].popleft()
                 self.injector._injected(armed, self, iova=iova, length=length)
                 return f"injected by fault plan entry {self.injector.plan.label(armed.index)}"
+        unmap = self._take("unmap")
+        if unmap is not None and length > 0:
+            # The pages of this very access go away first: its translation then takes
+            # the IOMMU's own fault ("not mapped"), as a DMA racing an unmap would.
+            lo = iova & ~PAGE_MASK
+            hi = (iova + length + PAGE_MASK) & ~PAGE_MASK
+            self.injector._unmap(unmap, self, lo, hi - lo)
         return None
 
     # MmioFaultHook ----------------------------------------------------------------
@@ -406,6 +464,9 @@ class FaultInjector:
         self._functions: dict[int, _Function] = {}
         self._by_source: dict[str, _Function] = {}
         self._resolved: list[_Function] = []
+        self._jobs: deque[Callable[[], None]] = deque()
+        self.task: GuestTask | None = None
+        self.failures: list[tuple[str, str]] = []   # (entry, error) of actions that failed
         now = machine.now_ns()
         for i, e in enumerate(plan.entries):
             t = targets.get(e.function)
@@ -446,6 +507,8 @@ class FaultInjector:
                 need.add("dma")
             elif e.action == "delay_mmio_exit":
                 need.add("mmio")
+            elif e.action == "iommu_unmap" and e.iova is None:
+                need.add("dma")
         for f in self._functions.values():
             need = needs.get(id(f), set())
             t = f.target
@@ -464,6 +527,40 @@ class FaultInjector:
                 self._by_source[t.source] = f
         if watch:
             self.machine.trace.watch(self._watch)
+        if any(e.action in TASK_ACTIONS for e in self.plan.entries):
+            self.task = self.machine.spawn(self._task_main, "faults")
+
+    # -- the task that runs actions needing a task context -------------------------------
+    def _task_main(self) -> None:
+        """Run queued actions (admin commands, a guest's exit path) until every other
+        task has ended."""
+        while True:
+            try:
+                self.machine.wait_until(lambda: bool(self._jobs) or self._others_done(),
+                                        None, "fault plan actions")
+            except GuestDeadlock:
+                return   # the guests are stuck: theirs to report, not this task's
+            while self._jobs:
+                self._jobs.popleft()()
+            if self._others_done():
+                return
+
+    def _others_done(self) -> bool:
+        return all(t.state is TaskState.DONE for t in self.machine.tasks if t is not self.task)
+
+    def _job(self, armed: _Armed, f: _Function, action: Callable[[], object]) -> None:
+        """Queue `action` for the fault task; a failure is traced, never raised into
+        the task (which serves every entry)."""
+        def run() -> None:
+            try:
+                action()
+            except Exception as exc:  # noqa: BLE001 - reported as the entry's failure
+                label = self.plan.label(armed.index)
+                error = f"{type(exc).__name__}: {exc}"
+                self.failures.append((label, error))
+                self.trace.emit("fault_failed", entry=label, action=armed.entry.action,
+                                function=f.target.name, error=error)
+        self._jobs.append(run)
 
     def _at(self, index: int, f: _Function) -> Callable[[], None]:
         return lambda: self._fire(index, f)
@@ -500,8 +597,135 @@ class FaultInjector:
             f.armed["write"].append(armed)
         elif e.action == "delay_mmio_exit":
             f.armed["mmio"].append(armed)
+        elif e.action == "iommu_unmap":
+            if e.iova is None:
+                f.armed["unmap"].append(armed)
+            else:
+                assert e.length is not None
+                iova, length = e.iova, e.length
+                self.machine.sched.schedule(0, lambda: self._unmap(armed, f, iova, length),
+                                            "fault-unmap")
+        elif e.action in DEVICE_ACTIONS:
+            self.machine.sched.schedule(0, lambda: self._device(armed, f), "fault-device")
+        elif e.action == "vf_reset":
+            self._job(armed, f, lambda: self._vf_reset(armed, f))
+        elif e.action == "vf_stop":
+            self._job(armed, f, lambda: self._vf_stop(armed, f))
+        elif e.action == "kill_process":
+            self._job(armed, f, lambda: self._kill(armed, f))
         else:
             self.machine.sched.schedule(0, lambda: self._flr(armed, f), "fault-flr")
+
+    def _skipped(self, armed: _Armed, f: _Function, reason: str) -> None:
+        self.trace.emit("fault_skipped", entry=self.plan.label(armed.index),
+                        action=armed.entry.action, function=f.target.name, reason=reason)
+
+    def _device(self, armed: _Armed, f: _Function) -> None:
+        """hang_engine / needs_reset through the function's FaultPort (spec §14)."""
+        port = _fault_port(f.target.device)
+        assert port is not None
+        label = self.plan.label(armed.index)
+        if armed.entry.action == "hang_engine":
+            self._injected(armed, f)
+            port.hang_next_command()
+        elif port.live:
+            self._injected(armed, f)
+            port.internal_error(f"internal error (fault plan entry {label})")
+        else:
+            self._skipped(armed, f, "the function is not live (reset, not yet DRIVER_OK, "
+                                    "or NEEDS_RESET already)")
+
+    def _unmap(self, armed: _Armed, f: _Function, iova: int, length: int) -> None:
+        """Unmap [iova, iova + length) from the function's IOMMU domain (splitting
+        mappings at the edges, as the host's IOMMU driver may); with duration_ns the
+        pages that were mapped are mapped back that much later."""
+        dma = f.target.dma
+        assert isinstance(dma, IommuDma)
+        iommu = dma.iommu
+        domain = iommu.domain_of(dma.requester_id)
+        if domain is None:
+            self._skipped(armed, f, "the function is attached to no IOMMU domain")
+            return
+        end = iova + length
+        gone = [m._slice(max(m.iova, iova), min(m.end, end) - max(m.iova, iova))
+                for m in domain.overlapping(iova, length)]
+        unmapped = iommu.unmap(domain, iova, length)
+        self._injected(armed, f, iova=iova, length=length, unmapped=unmapped)
+        duration = armed.entry.duration_ns
+        if duration is not None and gone:
+            self.machine.sched.schedule(duration, lambda: self._remap(armed, f, gone),
+                                        "fault-remap")
+
+    def _remap(self, armed: _Armed, f: _Function, gone: list[IommuMapping]) -> None:
+        dma = f.target.dma
+        assert isinstance(dma, IommuDma)
+        iommu = dma.iommu
+        domain = iommu.domain_of(dma.requester_id)
+        if domain is None:
+            self._skipped(armed, f, "map back: the function left its IOMMU domain")
+            return
+        mapped = 0
+        for m in gone:
+            try:
+                iommu.map(domain, m.iova, m.backing, m.address, m.size, read=m.read,
+                          write=m.write)
+                mapped += m.size
+            except IommuError:
+                pass   # mapped again meanwhile (the VMM remapped it): leave it as it is
+        self._cleared(armed, f, mapped=mapped)
+
+    def _cleared(self, armed: _Armed, f: _Function, **detail: int) -> None:
+        """A fault with a duration is undone (VF resumed, pages mapped back)."""
+        self.trace.emit("fault_cleared", entry=self.plan.label(armed.index),
+                        action=armed.entry.action, function=f.target.name, **detail)
+
+    def _pf_driver(self, f: _Function) -> Any:
+        t = f.target
+        assert t.host is not None and t.pf is not None
+        return t.host.pf_driver(t.pf)
+
+    def _vf_reset(self, armed: _Armed, f: _Function) -> None:
+        """VF_RESET of the VF through the host's PF driver (its admin queue)."""
+        assert f.target.vf is not None
+        self._injected(armed, f, vf=f.target.vf)
+        self._pf_driver(f).reset_vf(f.target.vf)
+
+    def _vf_stop(self, armed: _Armed, f: _Function) -> None:
+        """VF_STOP through the PF driver; VF_RESUME duration_ns after it, when given."""
+        vf = f.target.vf
+        assert vf is not None
+        self._injected(armed, f, vf=vf)
+        self._pf_driver(f).stop(vf)
+        duration = armed.entry.duration_ns
+        if duration is None:
+            return
+
+        def resume() -> None:
+            self._pf_driver(f).resume(vf)
+            self._cleared(armed, f, vf=vf)
+        self.machine.sched.schedule(duration, lambda: self._job(armed, f, resume),
+                                    "fault-vf-resume")
+
+    def _kill(self, armed: _Armed, f: _Function) -> None:
+        """The VM's Nth program dies: its guest OS's exit path closes its device files
+        (run in the fault task, standing for that guest's kernel)."""
+        n = armed.entry.process or 1
+        programs = f.target.vm.programs
+        os_ = programs[n - 1] if n <= len(programs) else None
+        if os_ is None:
+            self._skipped(armed, f, f"no program {n} booted in {f.target.vm.name} "
+                                    f"({len(programs)} spawned)")
+            return
+        kill = getattr(os_, "kill", None)
+        if kill is None:
+            self._skipped(armed, f, f"program {n}'s guest OS has no exit path (kill)")
+            return
+        if getattr(os_, "killed", False):
+            self._skipped(armed, f, f"program {n} was killed already")
+            return
+        open_files = [x for x in getattr(os_, "files", ()) if not getattr(x, "closed", True)]
+        self._injected(armed, f, process=n, files=len(open_files))
+        kill()
 
     def _flr(self, armed: _Armed, f: _Function) -> None:
         """Host-side FLR through config space, as Linux's pci_reset_function does it:
@@ -558,6 +782,24 @@ def _check_target(i: int, e: FaultEntry, t: FaultTarget) -> None:
         raise FaultPlanError(i, e.name, "action", f"{e.function!r}: no DMA port to hit")
     if e.on in ("submission", "command") and t.source is None:
         raise FaultPlanError(i, e.name, "on", f"{e.function!r}: its events are not traced")
+    if e.action in ("vf_reset", "vf_stop") and (t.vf is None or t.host is None or t.pf is None):
+        raise FaultPlanError(i, e.name, "action",
+                             f"{e.function!r} is not an SR-IOV VF: {e.action} is an admin "
+                             "command of the VF's PF (sriov attachments only)")
+    if e.action == "iommu_unmap" and not isinstance(t.dma, IommuDma):
+        raise FaultPlanError(i, e.name, "action",
+                             f"{e.function!r} has no IOMMU: an emulated function's DMA goes "
+                             "straight to guest physical addresses, there is nothing to "
+                             "unmap (iommu_unmap needs vfio or sriov)")
+    if e.action in DEVICE_ACTIONS and _fault_port(t.device) is None:
+        raise FaultPlanError(i, e.name, "action",
+                             f"{e.function!r}: its device has no fault port ({e.action} "
+                             "needs a VA-1 function)")
+
+
+def _fault_port(device: object) -> FaultPort | None:
+    port = getattr(device, "fault_port", None)
+    return port if isinstance(port, FaultPort) else None
 
 
 def fault_seed(seed: int) -> int:

@@ -47,6 +47,8 @@ class GuestTask:
         self.thread = threading.Thread(target=self._main, name=f"guest-{name}", daemon=True)
 
     def ready(self, now: int) -> bool:
+        if self.state is TaskState.DONE:
+            return False   # a task that deadlocked and ended never runs again
         if self.state is TaskState.NEW or self.deadlocked:
             return True
         if self.state is not TaskState.WAITING:

@@ -83,6 +83,9 @@ class Vm:
             trace=machine.trace.tracer(f"{name}.kernel"),
             ram=RamRange(ram_base + KERNEL_RESERVED, ram_size - KERNEL_RESERVED))
         self.os: GuestOS | None = None
+        # Each spawned program's GuestOS once it booted, in spawn order (fault plans'
+        # kill_process picks one).
+        self.programs: list[GuestOS | None] = []
 
     def attach_va1_mmio(self, config: Va1Config | None = None) -> EmulatedVa1:
         index = len(self.kernel.platform_devices)
@@ -191,8 +194,12 @@ class Vm:
 
     def spawn_program(self, program: Callable[[GuestOS], Any], name: str | None = None) -> GuestTask:
         """A guest task that boots this VM's kernel, then runs `program(os)`."""
+        slot = len(self.programs)
+        self.programs.append(None)
+
         def task() -> Any:
             os_ = self.boot()
+            self.programs[slot] = os_
             return program(os_)
         return self.machine.spawn(task, name or f"{self.name}.init")
 

@@ -92,6 +92,7 @@ class Va1Device(VirtioDevice):
         self.broken = False
         self.bus_master = True
         self._held: list[Callable[[], None]] = []
+        self.fault_port = FaultPort(self)
 
     # --- VirtioDevice ----------------------------------------------------------------
 
@@ -227,13 +228,20 @@ class Va1Device(VirtioDevice):
     def _internal_failure(self, exc: Exception) -> None:
         """The processor failed outside any one command (a device bug): like a broken
         ring, this function stops until reset; the others are not touched."""
+        self._internal_error(f"device failure: {type(exc).__name__}")
+
+    def _internal_error(self, message: str) -> bool:
+        """DEVICE_NEEDS_RESET for an error the device found in itself (rule
+        `device/internal`); the caller drops its work. False when the function is not
+        live (reset, or before DRIVER_OK): nothing to stop."""
         if not self.active:
-            return
+            return False
         self.broken = True
-        rule, message = "device/internal", f"device failure: {type(exc).__name__}"
+        rule = "device/internal"
         self.tracer.emit("ring_broken", rule=rule, message=message)
         if self.interrupt is not None:
             self.interrupt.needs_reset(rule, message)
+        return True
 
     def _return_chain(self, qi: int, chain: DescriptorChain, reply: bytes) -> None:
         """Write the reply, push the used entry and interrupt if the driver wants it."""
@@ -472,3 +480,35 @@ class Va1Device(VirtioDevice):
             return
         self._return_chain(va1.EVENTQ, chain, event)
         self.tracer.emit("event", type="CONTEXT_FAULT")
+
+
+class FaultPort:
+    """The function's test port for a platform's fault injection (spec §14): internal
+    failures of the device a platform can ask for, so the device and its driver are
+    exercised through their real paths. Never used by a driver; unused, it costs
+    nothing and changes nothing."""
+
+    def __init__(self, device: Va1Device) -> None:
+        self._device = device
+
+    @property
+    def live(self) -> bool:
+        """Whether the function runs (DRIVER_OK, not reset, not already NEEDS_RESET)."""
+        return self._device.active and not self._device.broken
+
+    def hang_next_command(self) -> None:
+        """The next command that starts on this function (before its next reset) does
+        not finish: it ends at the preemption timeout, which fails its submission
+        TIMEOUT and faults its context (with the timeout off, it holds its compute unit
+        until the function is reset)."""
+        self._device.processor.hang_pending += 1
+
+    def internal_error(self, message: str) -> bool:
+        """The device found an internal error in this function: DEVICE_NEEDS_RESET with
+        a configuration-change interrupt, rule `device/internal`, its work dropped. False
+        (nothing done) when the function is not live."""
+        d = self._device
+        if not self.live:
+            return False
+        d.processor.reset()
+        return d._internal_error(message)

@@ -142,6 +142,7 @@ class CommandProcessor:
         self.resume: list[_Run | None] = [None] * len(self.queues)
         self.busy = [False] * len(self.queues)
         self.sleeping = 0
+        self.hang_pending = 0     # fault port: commands still to hang (FaultPort)
         self._rr = 0
         self._last_ctx = -1
         sched = self.sched
@@ -378,7 +379,7 @@ class CommandProcessor:
         while run.next < len(cmds):
             cmd = cmds[run.next]
             if (cmd.opcode in _TIME_ONLY and run.cur_end < 0 and not shared
-                    and not fs.halted and not cmd.path):
+                    and not fs.halted and not cmd.path and not self.hang_pending):
                 # A run of time-only commands (NOPs): the generic path below, step for
                 # step, minus what they cannot do (boundary checks are no-ops unshared
                 # and unstopped; nothing executes, so nothing can schedule an event and
@@ -426,6 +427,10 @@ class CommandProcessor:
                         return
                     self._preempt(run)
                     return
+                if self.hang_pending:
+                    if not self._hang(run, cmd, fs.preemption_timeout_ns):
+                        return
+                    continue
                 if cmd.opcode in _POLLS:
                     if run.t > now:
                         self.schedule(run.t - now, lambda: self._step(run), "va1-wait-poll")
@@ -499,6 +504,21 @@ class CommandProcessor:
             self.schedule(sub.end_ns - now, lambda: self._finish(run), "va1-submit-end")
         else:
             self._finish(run)
+
+    def _hang(self, run: _Run, cmd: Command, timeout: int) -> bool:
+        """The fault port hangs this command (spec §14): it ends only at the preemption
+        timeout, which fails it TIMEOUT. With no timeout (0) it never ends: the run keeps
+        its engine until the function is reset. False: nothing more to do now."""
+        self.hang_pending -= 1
+        sub = run.sub
+        self.tracer.emit("cmd_hang", queue=sub.queue, offset=cmd.offset,
+                         opcode=cmd.opcode.name, start_ns=run.t,
+                         end_ns=run.t + timeout if timeout else -1)
+        if not timeout:
+            return False
+        run.cur_end = run.t + timeout
+        run.timed_out = True
+        return True
 
     def _device_error(self, run: _Run, cmd: Command, end: int, exc: Exception) -> None:
         """The command's executor raised: its submission fails DEVICE_ERROR at its offset

@@ -399,7 +399,9 @@ def test_image_faults_run_and_replay() -> None:
 
 @pytest.mark.parametrize("fields,where,words", [
     ({"action": "melt"}, "faults[0].action", "unknown action"),
-    ({"action": "hang_engine"}, "faults[0].action", "not implemented yet"),
+    ({"action": "vf_reset"}, "faults[0].action", "has no VF"),
+    ({"action": "iommu_unmap"}, "faults[0].action", "behind the IOMMU"),
+    ({"action": "kill_process", "process": 0}, "faults[0].process", "N >= 1"),
     ({"after": -2}, "faults[0].after", "N >= 1"),
     ({"on": "tick"}, "faults[0].on", "unknown event kind"),
     ({"at_ns": 5}, "faults[0].after", "at_ns and after"),
