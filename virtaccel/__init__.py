@@ -12,13 +12,23 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:   # `X as X`: explicit re-exports for type checkers
     __version__: str
-    from .errors import (ImageError, LaunchError, ScenarioError, SessionStateError,
-                         VirtaccelError)
-    from .models import RunReport, run_model
-    from .session import ATTACHMENTS, Session, SessionState, VmSpec
-    from vmm.faults import FaultEntry, FaultPlan, FaultPlanError
+    from vmm.faults import FaultEntry as FaultEntry
+    from vmm.faults import FaultPlan as FaultPlan
+    from vmm.faults import FaultPlanError as FaultPlanError
+
+    from .errors import ImageError as ImageError
+    from .errors import LaunchError as LaunchError
+    from .errors import ScenarioError as ScenarioError
+    from .errors import SessionStateError as SessionStateError
+    from .errors import VirtaccelError as VirtaccelError
+    from .models import RunReport as RunReport
+    from .models import run_model as run_model
+    from .session import ATTACHMENTS as ATTACHMENTS
+    from .session import Session as Session
+    from .session import SessionState as SessionState
+    from .session import VmSpec as VmSpec
 
 _EXPORTS = {
     "ATTACHMENTS": "session", "Session": "session", "SessionState": "session",

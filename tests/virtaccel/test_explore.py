@@ -5,6 +5,7 @@ failure shrinks to the one fault that breaks, and the report is the same whateve
 from __future__ import annotations
 
 import json
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -327,21 +328,10 @@ def test_unknown_image_is_one_line_exit_2(tmp_path: Path, capsys: Any) -> None:
 
 # -- the long campaign (make campaign) ------------------------------------------------------
 
-EVERY_ACTION = [
-    {"name": "drop", "function": "tenant3", "action": "drop_interrupt", "after": 20,
-     "on": "interrupt"},
-    {"name": "late", "function": "tenant2", "action": "delay_interrupt", "after": 5,
-     "on": "interrupt", "delay_ns": 20000},
-    {"name": "twice", "function": "tenant4", "action": "duplicate_interrupt", "after": 7,
-     "on": "interrupt"},
-    {"name": "dmar", "function": "tenant5", "action": "fail_dma_read", "after": 3,
-     "on": "submission"},
-    {"name": "dmaw", "function": "tenant6", "action": "fail_dma_write", "after": 4,
-     "on": "submission"},
-    {"name": "slow", "function": "tenant7", "action": "delay_mmio_exit", "after": 2,
-     "on": "kick", "delay_ns": 7000},
-    {"name": "flr", "function": "tenant8", "action": "flr", "after": 6, "on": "command"},
-]
+# vm_images/plans/tenants-8-every-action.toml: one entry of every action of the issue.
+EVERY_ACTION: list[dict[str, Any]] = tomllib.loads(
+    (Path(__file__).resolve().parents[2] / "vm_images" / "plans"
+     / "tenants-8-every-action.toml").read_text())["faults"]
 
 
 TENANTS8 = Path(__file__).resolve().parents[2] / "vm_images" / "tenants-8.toml"

@@ -14,7 +14,6 @@ from userspace_runtime import DeviceError, DriverError
 from virtaccel import Session, SessionState
 from virtaccel.guests import mlp
 from vmm.faults import FaultEntry, FaultPlan, FaultPlanError
-from vmm.machine import GuestDeadlock
 from vmm.trace import TraceEvent
 
 SEED = 20261124
