@@ -376,3 +376,14 @@ def test_campaign_broken_recovery_is_found_and_shrunk() -> None:
         again = explore(image, range(r.seed, r.seed + 1), plan=FaultPlan(r.minimal or []),
                         breaks=("lost_irq",))
         assert not again.ok, f"seed {r.seed}: minimal plan {names} does not replay"
+
+
+@pytest.mark.campaign
+@pytest.mark.parametrize("entry", EVERY_ACTION, ids=lambda e: str(e["action"]))
+def test_campaign_each_action_alone_200_seeds(entry: dict[str, Any]) -> None:
+    """Each action on its own over 200 seeds of the saturated tenants-8 image: no fence
+    lost or signalled twice, no hung wait, victims correct and still completing."""
+    report = explore(load_image(TENANTS8), range(0, 200), plan=FaultPlan([entry]), workers=2)
+    assert len(report.results) == 200
+    assert not report.failures, [(r.seed, [str(b) for b in r.breaches][:2])
+                                 for r in report.failures[:5]]
