@@ -215,13 +215,18 @@ def status_catalogue() -> list[Scenario]:
 
 # -- virtio-mmio registers ------------------------------------------------------------------
 
-def _mmio(fn: Callable[..., object]) -> Callable[[Attack], None]:
+def _on(transport: type, fn: Callable[..., object]) -> Callable[[Attack], None]:
+    """`fn(attack, transport)` on the raw transport of that kind, then the common check."""
     def program(a: Attack) -> None:
         t = a.dev.t
-        assert isinstance(t, MmioRaw)
+        assert isinstance(t, transport)
         fn(a, t)
         _after(a)
     return program
+
+
+def _mmio(fn: Callable[..., object]) -> Callable[[Attack], None]:
+    return _on(MmioRaw, fn)
 
 
 def mmio_catalogue() -> list[Scenario]:
@@ -297,12 +302,7 @@ def mmio_catalogue() -> list[Scenario]:
 # -- virtio-pci and config space --------------------------------------------------------------
 
 def _pci(fn: Callable[..., object]) -> Callable[[Attack], None]:
-    def program(a: Attack) -> None:
-        t = a.dev.t
-        assert isinstance(t, PciRaw)
-        fn(a, t)
-        _after(a)
-    return program
+    return _on(PciRaw, fn)
 
 
 def pci_catalogue() -> list[Scenario]:
