@@ -18,6 +18,7 @@ from .mm import PageAllocator
 from .pci import PciError, scan_host
 from .uapi import DeviceFile
 from .va1.devfile import VA1File
+from .params import ParamError, parse_cmdline
 from .va1.driver import VA1Device
 from .va1.pf import VA1Pf, has_sriov
 from .virtio.mmio import VirtioMmio
@@ -70,6 +71,11 @@ class AccelGuestOS:
 def boot(kernel: GuestKernel) -> AccelGuestOS:
     """Bind every VA-1 function: platform virtio-mmio ones, then PCI ones."""
     os_ = AccelGuestOS(kernel)
+    try:
+        params = parse_cmdline(kernel.cmdline)
+    except ParamError as e:
+        os_._probe_error(f"va1: {e}; the driver binds no device")
+        return os_
     alloc = PageAllocator(kernel.ram.base, kernel.ram.size, "guest RAM")
     for pdev in kernel.platform_devices:
         if pdev.compatible != "virtio,mmio":
@@ -82,7 +88,7 @@ def boot(kernel: GuestKernel) -> AccelGuestOS:
         if dev_id != A.VIRTIO_DEVICE_ID:
             continue  # 0 = empty slot; other ids are other drivers' business
         name = f"accel{len(os_.devices)}"
-        dev = VA1Device(kernel, pdev, alloc, name)
+        dev = VA1Device(kernel, pdev, alloc, name, params=params)
         try:
             dev.probe()
         except TransportError as e:
@@ -101,7 +107,8 @@ def boot(kernel: GuestKernel) -> AccelGuestOS:
             name = f"accel{len(os_.devices)}"
             try:
                 is_pf = has_sriov(fn)
-                dev = VA1Device(kernel, VirtioPci(kernel, fn), alloc, name, admin=is_pf)
+                dev = VA1Device(kernel, VirtioPci(kernel, fn), alloc, name, admin=is_pf,
+                                params=params)
                 dev.probe()
                 if dev.admin is not None:
                     pf = VA1Pf(kernel, fn, alloc, name, host, device=dev)

@@ -136,3 +136,8 @@ class GuestKernel(Protocol):
 
     @property
     def pci_hosts(self) -> tuple[PciHostBridge, ...]: ...
+
+    @property
+    def cmdline(self) -> str:
+        """The kernel command line: drivers read their parameters from it (params.py)."""
+        ...

@@ -45,6 +45,12 @@ the image seed and the VF number):
     entry = "virtaccel.guests.tenant:checked_gemm"   # optional, overrides program.entry
     args = { count = 16 }            # optional, merged over program.args
 
+The guest kernel's command line (every VM's), e.g. the VA-1 driver's parameters
+(docs/driver.md, "Parameters"):
+
+    [guest]
+    cmdline = "va1.watchdog_ns=4000000000"
+
 Fault plans (docs/faults.md), any mode: one [[faults]] table per entry, checked by
 vmm.faults' rules; `function` is the image's name (its VM), or for sriov-vf a tenant's
 name, vf<N> or a VF's PCI name:
@@ -68,6 +74,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from guest_driver.params import ParamError, parse_cmdline
 from vmm.faults import FaultPlan, FaultPlanError
 
 from .errors import ImageError
@@ -122,6 +129,7 @@ class VmImage:
     args: dict[str, Any] = field(default_factory=dict)
     tenants: tuple[TenantImage, ...] = ()
     faults: "FaultPlan | None" = None     # [[faults]]; None: no plan
+    cmdline: str = ""                     # [guest] cmdline: every guest kernel's
 
 
 class _Checker:
@@ -172,7 +180,7 @@ def parse_image(doc: dict[str, Any], path: str = "<image>") -> VmImage:
     """Check a parsed TOML document field by field and build the VmImage."""
     c = _Checker(path)
     c.keys(doc, "", ("name", "description", "seed", "machine", "accelerator", "program", "tenant",
-                     "faults"))
+                     "faults", "guest"))
     if "name" not in doc:
         raise c.fail("name", "missing (every image has a name)")
     name = c.typed(doc["name"], "name", str, "text")
@@ -241,9 +249,16 @@ def parse_image(doc: dict[str, Any], path: str = "<image>") -> VmImage:
         resources = _resources(c, c.table(acc, "resources", "accelerator."), "accelerator.resources.")
         tenants = _tenants(c, doc, memory, resources, entry, args, total_vfs or MAX_TOTAL_VFS)
     faults = _faults(c, doc, mode, transport, name, tenants)
+    guest = c.table(doc, "guest", "")
+    c.keys(guest, "guest.", ("cmdline",))
+    cmdline = c.typed(guest.get("cmdline", ""), "guest.cmdline", str, "text")
+    try:
+        parse_cmdline(cmdline)
+    except ParamError as e:
+        raise c.fail("guest.cmdline", str(e)) from None
     return VmImage(path, name, description, seed, memory, vcpus, exit_cost,
                    AcceleratorSpec(mode, transport, dict(cfg), resources, total_vfs), entry, args,
-                   tenants, faults)
+                   tenants, faults, cmdline)
 
 
 def _faults(c: _Checker, doc: dict[str, Any], mode: str, transport: str, name: str,
@@ -432,12 +447,14 @@ class ImageRun:
 
 def run_image(image: VmImage, seed: int | None = None, keep_trace: bool = False, *,
               card_factory: Any = None, pf_driver_factory: Any = None,
-              on_launch: Callable[[Any], Any] | None = None) -> ImageRun:
+              on_launch: Callable[[Any], Any] | None = None,
+              time_limit_ns: int | None = None) -> ImageRun:
     """Boot the image, run its program as program(os, seed=seed, **args) in a guest task
     (sriov-vf: every tenant VM's program, each in its own guest task, seeded per VF; the
     result is {"ok": all ok, "tenants": {name: result}}). `on_launch(session)` is called
     once the session is launched, before any guest task is spawned (a watcher such as
-    suites.invariants.Invariants goes in there)."""
+    suites.invariants.Invariants goes in there). `time_limit_ns`: a guest wait still
+    going at that virtual time ends in vmm.machine.VirtualTimeLimit."""
     from .errors import LaunchError
     from .session import Session
     seed = image.seed if seed is None else seed
@@ -451,7 +468,8 @@ def run_image(image: VmImage, seed: int | None = None, keep_trace: bool = False,
         names = [image.name]
         arglists = [dict(image.args)]
     session = Session.from_image(image, seed=seed, keep_trace=keep_trace,
-                                 card_factory=card_factory, pf_driver_factory=pf_driver_factory)
+                                 card_factory=card_factory, pf_driver_factory=pf_driver_factory,
+                                 time_limit_ns=time_limit_ns)
     try:
         session.launch()
     except LaunchError as e:

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Mapping, Se
 
 from device_model import Va1Config
 from guest_driver.kernel import GuestKernel
+from guest_driver.params import ParamError, parse_cmdline
 from guest_driver.uapi import GuestOS
 from hwspec.va1 import VfResources
 from vmm.faults import FaultInjector, FaultPlan, FaultPlanError, fault_targets
@@ -78,11 +79,13 @@ def tenant_seed(seed: int, vf: int) -> int:
 
 @dataclass(frozen=True)
 class VmSpec:
-    """One VM of a session: its name (a trace source prefix), RAM, and for "sriov" the
-    resources its VF is provisioned with (None: the session's)."""
+    """One VM of a session: its name (a trace source prefix), RAM, for "sriov" the
+    resources its VF is provisioned with (None: the session's), and its guest kernel's
+    command line, added after the session's (driver parameters, docs/driver.md)."""
     name: str
     memory: int = DEFAULT_MEMORY
     resources: VfResources | None = None
+    cmdline: str = ""
 
 
 @dataclass
@@ -115,14 +118,29 @@ class Session:
                  card_factory: CardFactory | None = None,
                  pf_driver_factory: PfDriverFactory | None = None,
                  card_options: Mapping[str, Any] | None = None,
-                 faults: FaultPlan | None = None) -> None:
+                 faults: FaultPlan | None = None, cmdline: str = "",
+                 time_limit_ns: int | None = None) -> None:
+        """`cmdline`: every guest kernel's command line (the VA-1 driver's `va1.*`
+        parameters, checked here). `time_limit_ns`: virtual time past which a guest wait
+        ends in vmm.machine.VirtualTimeLimit (None: no limit)."""
         if attach not in ATTACHMENTS:
             raise ValueError(f"attach {attach!r}: one of {', '.join(ATTACHMENTS)}")
         if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 1 << 64:
             raise ValueError(f"seed {seed!r} is outside 0 .. 2**64-1")
+        if time_limit_ns is not None and (isinstance(time_limit_ns, bool)
+                                          or not isinstance(time_limit_ns, int)
+                                          or time_limit_ns <= 0):
+            raise ValueError(f"time_limit_ns={time_limit_ns!r}: a positive number of ns")
         self.attach = attach
         self.seed = seed
         self.specs = self._specs(vms, memory)
+        self.cmdline = cmdline
+        for spec in self.specs:
+            try:
+                parse_cmdline(self._cmdline(spec))
+            except ParamError as e:
+                raise ValueError(f"VM {spec.name!r}: {e}") from None
+        self.time_limit_ns = time_limit_ns
         self.exit_cost_ns = exit_cost_ns
         self.config = config
         self.resources = resources
@@ -166,6 +184,9 @@ class Session:
             raise ValueError(f"VM names must be unique: {', '.join(dup)} repeated")
         return specs
 
+    def _cmdline(self, spec: VmSpec) -> str:
+        return " ".join(p for p in (self.cmdline, spec.cmdline) if p)
+
     def _check_faults(self, plan: FaultPlan) -> None:
         """Refuse a plan naming no VM of this session (nor vf<N> of an "sriov" one)
         before anything is built; PCI names ("0000:01:00.1") are resolved at launch."""
@@ -180,7 +201,8 @@ class Session:
     @classmethod
     def from_image(cls, image: "str | Path | VmImage", *, seed: int | None = None,
                    keep_trace: bool = False, card_factory: CardFactory | None = None,
-                   pf_driver_factory: PfDriverFactory | None = None) -> "Session":
+                   pf_driver_factory: PfDriverFactory | None = None,
+                   time_limit_ns: int | None = None) -> "Session":
         """A session built as the VM image says (a path, or a loaded VmImage); its seed
         is `seed`, else the image's. Its programs run with `run_programs()`."""
         from .images import VmImage, load_image
@@ -197,7 +219,7 @@ class Session:
                 exit_cost_ns=img.exit_cost_ns, config=Va1Config(**acc.config),
                 keep_trace=keep_trace, card_factory=card_factory,
                 pf_driver_factory=pf_driver_factory, card_options=options,
-                faults=img.faults)
+                faults=img.faults, cmdline=img.cmdline, time_limit_ns=time_limit_ns)
         s.image = img
         return s
 
@@ -206,7 +228,8 @@ class Session:
     @_requires(SessionState.NEW)
     def launch(self) -> "Session":
         """Build the machine, host and every VM with its attachment."""
-        self._machine = Machine(self.seed, keep_trace=self.keep_trace)
+        self._machine = Machine(self.seed, keep_trace=self.keep_trace,
+                                time_limit_ns=self.time_limit_ns)
         try:
             if self.attach == "sriov":
                 self._build_sriov()
@@ -248,7 +271,8 @@ class Session:
         return self.injector
 
     def _new_vm(self, spec: VmSpec) -> Vm:
-        vm = Vm(self.machine, spec.name, ram_size=spec.memory, exit_cost_ns=self.exit_cost_ns)
+        vm = Vm(self.machine, spec.name, ram_size=spec.memory, exit_cost_ns=self.exit_cost_ns,
+                cmdline=self._cmdline(spec))
         self.vms.append(vm)
         return vm
 

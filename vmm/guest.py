@@ -114,3 +114,4 @@ class GuestKernelServices:
     ram: RamRange
     platform_devices: tuple[PlatformDevice, ...] = field(default_factory=tuple)
     pci_hosts: tuple[PciHostBridge, ...] = field(default_factory=tuple)
+    cmdline: str = ""

@@ -100,6 +100,7 @@ class HostKernelServices:
     pci_hosts: tuple[PciHostBridge, ...] = field(default_factory=tuple)
     host_memory: HostMemory | None = None
     dma_domain: IommuDomain | None = None
+    cmdline: str = ""
 
     def close(self) -> None:
         if self.host_memory is not None:

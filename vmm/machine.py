@@ -24,6 +24,12 @@ class GuestDeadlock(VmmError, RuntimeError):
     """A guest task waits with no timeout, no pending event and no other task to run."""
 
 
+class VirtualTimeLimit(GuestDeadlock):
+    """A guest task waits past the run's virtual-time limit (`Machine.time_limit_ns`):
+    a driver whose timers keep time moving while a wait can never end would otherwise
+    run forever. Handled as a deadlock: every waiting task's wait raises it."""
+
+
 class TaskState(enum.Enum):
     NEW = "new"
     RUNNING = "running"
@@ -80,8 +86,12 @@ class PendingIrq:
 
 
 class Machine:
-    def __init__(self, seed: int = 0, keep_trace: bool = False) -> None:
+    def __init__(self, seed: int = 0, keep_trace: bool = False,
+                 time_limit_ns: int | None = None) -> None:
+        if time_limit_ns is not None and time_limit_ns <= 0:
+            raise ValueError(f"time_limit_ns must be > 0 (got {time_limit_ns})")
         self.seed = seed
+        self.time_limit_ns = time_limit_ns
         self.sched = Scheduler()
         self.rng = random.Random(seed)
         self.trace = Trace(self.sched.now_ns, keep=keep_trace)
@@ -92,6 +102,7 @@ class Machine:
         self._all_done = threading.Event()
         self._running_tasks = False
         self._main_deadline: int | None = None  # wait_until outside any task
+        self._time_limited = False   # the deadlock that ended waits was the time limit
         self.sched.deadlines = self._earliest_deadline
 
     # -- time ------------------------------------------------------------------------
@@ -166,6 +177,11 @@ class Machine:
         limit = self._earliest_deadline()
         if own_deadline is not None and (limit is None or own_deadline < limit):
             limit = own_deadline
+        step_to = nxt if nxt is not None and (limit is None or nxt <= limit) else limit
+        cap = self.time_limit_ns
+        if cap is not None and step_to is not None and step_to > cap:
+            raise VirtualTimeLimit(f"guest task {who!r} waits for {what} past the run's "
+                                   f"virtual-time limit of {cap} ns")
         if nxt is not None and (limit is None or nxt <= limit):
             self.sched.run_next()
         elif limit is not None:
@@ -188,7 +204,7 @@ class Machine:
         who = me.name if me is not None else "main"
         self.trace.emit("machine", "wait", {"task": who, "what": what,
                                             "timeout": -1 if deadline is None else deadline - now})
-        woke = False
+        woke = limited = False
         try:
             while True:
                 self._deliver_irqs()
@@ -203,11 +219,21 @@ class Machine:
                     me.baton.wait()
                     me.baton.clear()
                     if me.deadlocked:
+                        if self._time_limited:
+                            raise VirtualTimeLimit(f"guest task {me.name!r} waits for {what} "
+                                                   "past the run's virtual-time limit of "
+                                                   f"{self.time_limit_ns} ns")
                         raise GuestDeadlock(f"guest task {me.name!r} waits for {what} forever")
                     continue
                 self._step(what, who, deadline)
+        except VirtualTimeLimit:
+            limited = True
+            raise
         finally:
-            self.trace.emit("machine", "wake", {"task": who, "what": what, "ok": woke})
+            wake: dict[str, object] = {"task": who, "what": what, "ok": woke}
+            if limited:
+                wake["time_limit"] = self.time_limit_ns
+            self.trace.emit("machine", "wake", wake)
             if me is not None:
                 me.state, me.cond, me.deadline = TaskState.RUNNING, None, None
             self._main_deadline = outer_main
@@ -229,7 +255,8 @@ class Machine:
                 return
             try:
                 self._step("its condition", task.name)
-            except GuestDeadlock:
+            except GuestDeadlock as e:
+                self._time_limited = isinstance(e, VirtualTimeLimit)
                 for t in self.tasks:
                     if t.state is TaskState.WAITING:
                         t.deadlocked = True

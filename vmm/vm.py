@@ -61,7 +61,7 @@ class PassthroughVa1:
 
 class Vm:
     def __init__(self, machine: Machine, name: str = "vm0", ram_size: int = 256 << 20,
-                 ram_base: int = 0, exit_cost_ns: int = 1000) -> None:
+                 ram_base: int = 0, exit_cost_ns: int = 1000, cmdline: str = "") -> None:
         if ram_size <= KERNEL_RESERVED:
             raise ValueError(f"VM {name!r}: RAM of {ram_size} bytes is too small "
                              f"(more than {KERNEL_RESERVED} needed)")
@@ -81,7 +81,8 @@ class Vm:
         self.kernel = GuestKernelServices(
             memory=self.memory, mmio=self.mmio, irq=self.irqchip, sched=GuestSched(machine),
             trace=machine.trace.tracer(f"{name}.kernel"),
-            ram=RamRange(ram_base + KERNEL_RESERVED, ram_size - KERNEL_RESERVED))
+            ram=RamRange(ram_base + KERNEL_RESERVED, ram_size - KERNEL_RESERVED),
+            cmdline=cmdline)
         self.os: GuestOS | None = None
         # Each spawned program's GuestOS once it booted, in spawn order (fault plans'
         # kill_process picks one).

@@ -33,6 +33,7 @@ from hwspec import virtio as V
 from hwspec.layout import Layout
 
 from ..errors import GuestDriverError
+from ..params import DriverParams
 from ..kernel import GuestKernel, KernelTimer, PlatformDevice
 from ..mm import AllocError, PageAllocator
 from ..pci import PciError
@@ -57,13 +58,6 @@ CTRL_QUEUE_SIZE = 64
 EVENT_QUEUE_SIZE = 64
 SUBMIT_QUEUE_SIZE = A.DEFAULT_QUEUE_SIZE_MAX
 CTRL_TIMEOUT_NS = 1_000_000_000  # a control request completes in cmd_overhead_ns
-# Recovery timer (docs/driver.md "Recovery"): while anything is in flight the driver
-# looks every POLL_NS for used buffers left unreaped for a whole period (a lost
-# interrupt: it polls) and for a submit queue with no completion for WATCHDOG_NS (it
-# checks the device and resets it). WATCHDOG_NS is twice the device's default
-# preemption timeout, the longest a legal command runs (§13).
-POLL_NS = 1_000_000
-WATCHDOG_NS = 2 * A.DEFAULT_PREEMPTION_TIMEOUT_NS
 MAX_SUBMIT_QUEUES = 64
 # STOPPED (the PF stopped this function while the submission was queued) is not the
 # context's fault: it does not mark it faulted here (a CONTEXT_FAULT event would).
@@ -154,11 +148,17 @@ class VA1Device:
 
     def __init__(self, kernel: GuestKernel, dev: PlatformDevice | VirtioTransport,
                  alloc: PageAllocator, name: str, admin: bool = False, *,
-                 poll_ns: int = POLL_NS, watchdog_ns: int = WATCHDOG_NS) -> None:
+                 params: DriverParams | None = None, poll_ns: int | None = None,
+                 watchdog_ns: int | None = None) -> None:
         """`dev` is a virtio-mmio platform device or any ready-made transport. `admin`:
         this is an SR-IOV PF (virtio-pci only): accept SR_IOV and ADMIN_VQ if offered.
-        `poll_ns`, `watchdog_ns`: the recovery timer's period and the submission
-        watchdog's bound (virtual ns, > 0)."""
+        `params`: what the driver was loaded with (the kernel command line's); `poll_ns`,
+        `watchdog_ns` override its recovery timer's period and submission watchdog's
+        bound (virtual ns, > 0)."""
+        params = params or DriverParams()
+        poll_ns = params.poll_ns if poll_ns is None else poll_ns
+        watchdog_ns = params.watchdog_ns if watchdog_ns is None else watchdog_ns
+        self.breaks = params.breaks
         if poll_ns <= 0 or watchdog_ns <= 0:
             raise ValueError(f"poll_ns ({poll_ns}) and watchdog_ns ({watchdog_ns}) must "
                              "be > 0")
@@ -622,10 +622,10 @@ class VA1Device:
             return
         self._in_irq = True
         try:
-            if self.ready and not self.dead:
+            if self.ready and not self.dead and "recovery/no-lost-irq-poll" not in self.breaks:
                 self._check_lost_interrupts()
-                if self.ready and not self.dead:
-                    self._check_watchdog()
+            if self.ready and not self.dead and "recovery/no-watchdog" not in self.breaks:
+                self._check_watchdog()
             while self._irq_again:
                 self._handle_interrupt(*self._irq_again.pop(0))
         finally:
@@ -767,6 +767,8 @@ class VA1Device:
         self._quarantine.clear()   # the reset destroyed every context and stopped its DMA
         self._held.clear()
         self._kctx = None
+        if "recovery/no-abort-on-reset" in self.breaks:
+            return
         for sub in aborted:
             sub.ctx.timeline.signal(sub.fence, A.Status.ABORTED)
 

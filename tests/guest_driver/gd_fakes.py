@@ -192,6 +192,7 @@ class FakeKernel:
         self.ram = RamRange(RAM_BASE, RAM_SIZE)
         self.platform_devices: tuple[PlatformDevice, ...] = ()
         self.pci_hosts: tuple[PciHostBridge, ...] = ()
+        self.cmdline = ""
         self.msi_log: list[tuple[int, int]] = []
         self.stray_msi: list[tuple[int, int]] = []
 

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from guest_driver import uapi as U
-from guest_driver.va1.driver import POLL_NS, WATCHDOG_NS, VA1Device
+from guest_driver.params import POLL_NS, WATCHDOG_NS
+from guest_driver.va1.driver import VA1Device
 from hwspec import isa
 from hwspec.va1 import DEFAULT_PREEMPTION_TIMEOUT_NS, Status, VfResources
 from .recovery_kit import check_resilient, resilient, signals

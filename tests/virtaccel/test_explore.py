@@ -14,8 +14,8 @@ import pytest
 from virtaccel import Session
 from virtaccel.cli import main
 from virtaccel.images import load_image
-from virtaccel.suites.explore import explore, plan_toml, run_once
-from virtaccel.suites.invariants import BREACH_KINDS, Invariants, check_breaks
+from virtaccel.suites.explore import check_breaks, explore, plan_toml, run_once
+from virtaccel.suites.invariants import BREACH_KINDS, Invariants
 from vmm.faults import FaultEntry, FaultPlan
 from vmm.trace import TraceEvent
 
@@ -187,30 +187,75 @@ def test_bad_watcher_arguments() -> None:
             Invariants(s, foreign=["nope"])
         with pytest.raises(ValueError, match="unknown breakage 'x'"):
             check_breaks(["x"])
-        assert check_breaks(["lost_irq", "driver.no_poll", "lost_irq"]) == \
-            ("lost_irq", "driver.no_poll")
+        assert check_breaks([NO_POLL, NO_WATCHDOG, NO_POLL]) == BROKEN
     finally:
         s.close()
 
 
 # -- explore --------------------------------------------------------------------------------
 
+# The driver's recovery of a lost interrupt, broken on purpose (guest_driver.testing_breaks):
+# no used-ring poll and no watchdog, so a dropped interrupt leaves its fence unsignalled.
+NO_POLL, NO_WATCHDOG = "recovery/no-lost-irq-poll", "recovery/no-watchdog"
+BROKEN = (NO_POLL, NO_WATCHDOG)
+
 
 def test_shrinks_to_the_one_fault_that_breaks(tiny: Path) -> None:
-    """With the lost-interrupt breakage, of four faults only the dropped interrupt breaks
-    an invariant; the shrinker keeps it alone, and its TOML replays the failure."""
+    """With the driver's lost-interrupt recovery broken, of four faults only the dropped
+    interrupt breaks an invariant (its fence is never signalled, its wait hangs until the
+    run's time limit); the shrinker keeps it alone, and its TOML replays the failure."""
     image = load_image(tiny)
     plan = FaultPlan(HARMLESS[:1] + (DROP,) + HARMLESS[1:])
-    report = explore(image, range(0, 2), plan=plan, breaks=("lost_irq",))
+    report = explore(image, range(0, 2), plan=plan, breaks=BROKEN)
     assert report.failures and [r.seed for r in report.failures] == [0, 1]
     for r in report.failures:
         assert [e["name"] for e in r.minimal or []] == ["drop"], f"seed {r.seed}"
-        assert {b["kind"] for b in r.breaches} >= {"lost_fence"}
+        assert {b["kind"] for b in r.breaches} >= {"lost_fence", "hung_wait"}
         assert all(b["where"] == "t1" for b in r.breaches)    # t2, the victim, is fine
     again = explore(image, range(0, 1), plan=FaultPlan(
-        [FaultEntry(**e) for e in report.failures[0].minimal or []]), breaks=("lost_irq",))
+        [FaultEntry(**e) for e in report.failures[0].minimal or []]), breaks=BROKEN)
     assert not again.ok
     assert again.failures[0].breaches == report.failures[0].minimal_breaches
+
+
+@pytest.mark.parametrize("breaks,fault", [
+    (("recovery/no-abort-on-reset",), FaultEntry("t1", "flr", after=3, on="command")),
+    (("recovery/no-abort-on-reset",), FaultEntry("t1", "needs_reset", after=3, on="command")),
+    ((NO_WATCHDOG,), FaultEntry("t1", "flr", after=3, on="command")),
+    (BROKEN, DROP),
+], ids=lambda v: v.action if isinstance(v, FaultEntry) else "+".join(v))
+def test_each_driver_breakage_loses_a_fence_the_real_driver_keeps(
+        tiny: Path, breaks: tuple[str, ...], fault: FaultEntry) -> None:
+    """Each recovery breakage (va1.break=, guest_driver.testing_breaks) is seen by the
+    invariants under a fault it should have recovered from, and only on the faulted
+    tenant; the real driver keeps every invariant under the same fault."""
+    image = load_image(tiny)
+    broken, injected = run_once(image, 0, (fault,), breaks)
+    assert injected == 1
+    assert {b.kind for b in broken} == {"lost_fence", "hung_wait"}, [str(b) for b in broken]
+    assert all(b.where.startswith("t1") for b in broken), [str(b) for b in broken]
+    assert run_once(image, 0, (fault,)) == ([], 1)
+
+
+def test_a_bad_driver_parameter_is_refused_before_the_run(tmp_path: Path) -> None:
+    from virtaccel.images import ImageError
+    bad = tmp_path / "bad.toml"
+    bad.write_text(TINY + '[guest]\ncmdline = "va1.watchdog_ns=never"\n')
+    with pytest.raises(ImageError, match=r"guest.cmdline: kernel parameter va1.watchdog_ns="):
+        load_image(bad)
+    with pytest.raises(ValueError, match="VM 'vm0': kernel parameter 'va1.x=1'"):
+        Session(attach="mmio", cmdline="va1.x=1")
+    with pytest.raises(ValueError, match="time_limit_ns=0"):
+        Session(attach="mmio", time_limit_ns=0)
+
+
+def test_an_image_passes_its_cmdline_to_every_guest(tmp_path: Path) -> None:
+    good = tmp_path / "good.toml"
+    good.write_text(TINY + '[guest]\ncmdline = "va1.watchdog_ns=9000000"\n')
+    image = load_image(good)
+    assert image.cmdline == "va1.watchdog_ns=9000000"
+    with Session.from_image(image) as s:
+        assert [vm.kernel.cmdline for vm in s.vms] == ["va1.watchdog_ns=9000000"] * 2
 
 
 def test_without_the_breakage_the_harmless_plan_passes(tiny: Path) -> None:
@@ -238,7 +283,8 @@ def test_cli_report_is_the_same_whatever_jobs(tiny: Path, tmp_path: Path, capsys
     for jobs in ("1", "2"):
         out = tmp_path / f"j{jobs}.json"
         code, _, _ = cli(["explore", str(tiny), "--seeds", "0:4", "--random-faults", "3",
-                          "--break", "lost_irq", "--jobs", jobs, "--json", str(out)], capsys)
+                          "--break", ",".join(BROKEN), "--jobs", jobs, "--json", str(out)],
+                         capsys)
         docs.append(out.read_text())
         assert code == (0 if json.loads(docs[-1])["ok"] else 1)
     assert docs[0] == docs[1]
@@ -246,31 +292,33 @@ def test_cli_report_is_the_same_whatever_jobs(tiny: Path, tmp_path: Path, capsys
     assert doc["runs"] == 4 and doc["faults_injected"] > 0
 
 
-def test_cli_prints_seed_and_minimal_plan(tiny: Path, tmp_path: Path, capsys: Any,
-                                         monkeypatch: Any) -> None:
+def test_cli_prints_seed_and_minimal_plan(tiny: Path, tmp_path: Path, capsys: Any) -> None:
     plan = tmp_path / "plan.toml"
     plan.write_text(plan_toml([e.as_dict() for e in (DROP,) + HARMLESS]))
     plans = tmp_path / "plans"
     plans.mkdir()
-    monkeypatch.setenv("VIRTACCEL_BREAK", "lost_irq")     # the switch, from the environment
     code, out, err = cli(["explore", str(tiny), "--seeds", "0:1", "--faults", str(plan),
-                          "--jobs", "1", "--plans", str(plans)], capsys)
-    monkeypatch.delenv("VIRTACCEL_BREAK")
+                          "--jobs", "1", "--plans", str(plans), "--break", ",".join(BROKEN)],
+                         capsys)
     assert code == 1, err
     assert "--- seed 0: minimal plan ---" in out and 'name = "drop"' in out
     written = (plans / "seed-0.toml").read_text()
     assert 'action = "drop_interrupt"' in written and "delay" not in written
+    assert f"--break {NO_POLL},{NO_WATCHDOG}" in written.splitlines()[0]   # how to replay
     code, out, _ = cli(["explore", str(tiny), "--seeds", "0:1", "--faults",
-                        str(plans / "seed-0.toml"), "--jobs", "1", "--break", "lost_irq"],
+                        str(plans / "seed-0.toml"), "--jobs", "1", "--break", ",".join(BROKEN)],
                        capsys)
     assert code == 1 and "1 failing seeds" in out
+    code, out, _ = cli(["explore", str(tiny), "--seeds", "0:1", "--faults",
+                        str(plans / "seed-0.toml"), "--jobs", "1"], capsys)
+    assert code == 0 and "every invariant held" in out     # the real driver recovers
 
 
 def test_cluster_run_equals_the_local_run(tiny: Path) -> None:
     """The same campaign on a Dask LocalCluster (in-process workers) reports the same."""
     distributed = pytest.importorskip("distributed")
     image = load_image(tiny)
-    args: dict[str, Any] = {"random_faults": 3, "breaks": ("lost_irq",)}
+    args: dict[str, Any] = {"random_faults": 3, "breaks": BROKEN}
     local = explore(image, range(0, 4), **args).as_dict()
     with distributed.LocalCluster(processes=False, n_workers=2, threads_per_worker=1,
                                   dashboard_address=None) as cluster:
@@ -299,6 +347,9 @@ BAD_PLANS = {
     (["--seeds", "0:18446744073709551617"], "seeds are 0 .. 2**64-1"),
     (["--seeds", "0:1", "--faults", "/nonexistent/plan.toml"], "cannot read"),
     (["--seeds", "0:1", "--break", "nope"], "unknown breakage 'nope'"),
+    (["--seeds", "0:1", "--wait-bound-ns", "100", "--time-limit-ns", "100"],
+     "--time-limit-ns 100: must exceed the wait bound"),
+    (["--seeds", "0:1", "--shrink", "-1"], "--shrink"),
     (["--seeds", "0:1", "--jobs", "0"], "--jobs: 0 is outside 1 .. 1024"),
     (["--seeds", "0:1", "--plans", "/nonexistent"], "--plans /nonexistent: not a directory"),
 ])
@@ -363,19 +414,31 @@ def test_campaign_tenants8_1000_seeds_every_action_keeps_every_invariant() -> No
 
 
 @pytest.mark.campaign
-def test_campaign_broken_recovery_is_found_and_shrunk() -> None:
-    """The same plan with the lost-IRQ breakage on 100 seeds: every failing seed names a
-    minimal plan, shorter than the full one, that replays it."""
+def test_campaign_broken_recovery_is_found_and_shrunk(tmp_path: Path, capsys: Any) -> None:
+    """The issue's bar, second half: the same 1000-seed command with the driver's recovery
+    broken on purpose (no lost-interrupt poll, no watchdog) reports failing seeds, the
+    first ones each with a minimal plan, shorter than the full one, that replays it, and
+    that passes with the real driver."""
+    plan = tmp_path / "every.toml"
+    plan.write_text(plan_toml(EVERY_ACTION))
+    out_json = tmp_path / "report.json"
+    code, out, err = cli(["explore", str(TENANTS8), "--seeds", "0:1000", "--faults", str(plan),
+                          "--jobs", "2", "--break", ",".join(BROKEN), "--shrink", "3",
+                          "--json", str(out_json)], capsys)
+    assert code == 1, err
+    doc = json.loads(out_json.read_text())
+    assert doc["failed_seeds"], "the broken recovery must break some seed"
+    shrunk = [f for f in doc["failures"] if "minimal_plan" in f]
+    assert len(shrunk) == min(3, len(doc["failed_seeds"]))
     image = load_image(TENANTS8)
-    report = explore(image, range(0, 100), plan=FaultPlan(EVERY_ACTION),
-                     breaks=("lost_irq",), workers=2)
-    assert report.failures, "the lost-IRQ breakage must break some seed"
-    for r in report.failures[:5]:
-        names = [e["name"] for e in r.minimal or []]
-        assert names and len(names) < len(EVERY_ACTION), (r.seed, names)
-        again = explore(image, range(r.seed, r.seed + 1), plan=FaultPlan(r.minimal or []),
-                        breaks=("lost_irq",))
-        assert not again.ok, f"seed {r.seed}: minimal plan {names} does not replay"
+    for f in shrunk:
+        names = [e["name"] for e in f["minimal_plan"]]
+        assert names and len(names) < len(EVERY_ACTION), (f["seed"], names)
+        assert f"--- seed {f['seed']}: minimal plan ---" in out
+        minimal = FaultPlan([FaultEntry(**e) for e in f["minimal_plan"]])
+        again = explore(image, range(f["seed"], f["seed"] + 1), plan=minimal, breaks=BROKEN)
+        assert not again.ok, f"seed {f['seed']}: minimal plan {names} does not replay"
+        assert explore(image, range(f["seed"], f["seed"] + 1), plan=minimal).ok, f["seed"]
 
 
 @pytest.mark.campaign

@@ -90,3 +90,30 @@ def test_interrupts_raised_during_guest_cpu_time_wait_for_the_next_wait():
     assert calls == [] and m.now_ns() == 1000
     m.wait_until(lambda: bool(calls), 0, "poll")
     assert calls == [1000]
+
+
+def test_a_time_limit_ends_waits_that_a_ticking_timer_would_keep_alive():
+    """A periodic timer keeps virtual time moving, so a wait that can never end is no
+    deadlock; the run's time limit ends it with a named error and a traced wake."""
+    from vmm.machine import VirtualTimeLimit
+    m = Machine(seed=0, keep_trace=True, time_limit_ns=5_000)
+
+    def tick() -> None:
+        m.sched.schedule(m.now_ns() + 100, tick, "tick")
+    tick()
+    stuck = m.spawn(lambda: m.wait_until(lambda: False, None, "a fence"), "stuck")
+    other = m.spawn(lambda: m.wait_until(lambda: False, None, "another"), "other")
+    fine = m.spawn(lambda: m.sleep(10) or "done", "fine")
+    m.run_tasks()
+    assert fine.result == "done"
+    for t in (stuck, other):
+        assert isinstance(t.error, VirtualTimeLimit), t.error
+        assert "virtual-time limit of 5000 ns" in str(t.error)
+    assert m.now_ns() <= 5_000
+    wakes = [e for e in m.trace.events if e.kind == "wake" and e.get("time_limit") == 5_000]
+    assert {e.get("task") for e in wakes} == {"stuck", "other"}
+
+
+def test_a_time_limit_must_be_positive():
+    with pytest.raises(ValueError, match="time_limit_ns must be > 0"):
+        Machine(time_limit_ns=0)

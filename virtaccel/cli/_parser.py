@@ -179,11 +179,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run the seeds on this Dask scheduler (tcp://host:8786) instead of "
                         "local processes (needs the 'cluster' extra)")
     p.add_argument("--break", dest="breaks", metavar="NAME[,NAME]", default=None,
-                   help="break on purpose (docs/faults.md): lost_irq, or driver.<name>; "
-                        "default: $VIRTACCEL_BREAK")
+                   help="boot every guest with its driver's recovery broken on purpose "
+                        "(va1.break=NAME; docs/faults.md): recovery/no-lost-irq-poll, "
+                        "recovery/no-watchdog, recovery/no-abort-on-reset")
     p.add_argument("--wait-bound-ns", type=integer("--wait-bound-ns", 1, (1 << 63) - 1),
                    default=None, metavar="NS",
-                   help="a guest wait longer than this breaks an invariant (default 2 s)")
+                   help="a guest wait longer than this breaks an invariant (default 5 s)")
+    p.add_argument("--time-limit-ns", type=integer("--time-limit-ns", 1, (1 << 63) - 1),
+                   default=None, metavar="NS",
+                   help="end each run's guest waits at this virtual time (default 20 s; "
+                        "must exceed the wait bound)")
+    p.add_argument("--shrink", type=integer("--shrink", 0, 1 << 30), default=None,
+                   metavar="N", help="shrink only the first N failing seeds to a minimal "
+                                     "plan (default: every one)")
     p.add_argument("--plans", metavar="DIR", default=None,
                    help="write each failing seed's minimal plan to DIR/seed-<N>.toml")
     _json(p, "the report")

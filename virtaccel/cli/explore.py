@@ -57,19 +57,22 @@ def load_plan(path: str, image: Any) -> Any:
 
 def cli(args: argparse.Namespace) -> int:
     from ..images import ImageError, load_image
-    from ..suites.invariants import DEFAULT_WAIT_BOUND_NS, check_breaks
+    from ..suites.invariants import DEFAULT_WAIT_BOUND_NS
     seeds = parse_seeds(args.seeds)
     if args.json is not None:
         check_output(args.json, "--json", allow_stdout=True)
     if args.plans is not None and not os.path.isdir(args.plans):
         raise CliError(f"--plans {args.plans}: not a directory")
-    from ..suites.explore import BREAK_ENV, explore, plan_toml
-    raw_breaks = args.breaks if args.breaks is not None else os.environ.get(BREAK_ENV, "")
+    from ..suites.explore import DEFAULT_TIME_LIMIT_NS, check_breaks, explore, plan_toml
     try:
-        breaks = check_breaks(b.strip() for b in raw_breaks.split(",") if b.strip())
+        breaks = check_breaks(b.strip() for b in (args.breaks or "").split(",") if b.strip())
     except ValueError as e:
-        flag = "--break" if args.breaks is not None else BREAK_ENV
-        raise CliError(f"{flag}: {e}") from None
+        raise CliError(f"--break: {e}") from None
+    wait_bound = args.wait_bound_ns or DEFAULT_WAIT_BOUND_NS
+    time_limit = args.time_limit_ns or max(DEFAULT_TIME_LIMIT_NS, 4 * wait_bound)
+    if time_limit <= wait_bound:
+        raise CliError(f"--time-limit-ns {time_limit}: must exceed the wait bound "
+                       f"({wait_bound} ns), or a hung wait ends before it is seen")
     try:
         image = load_image(args.image)
     except ImageError as e:
@@ -86,7 +89,8 @@ def cli(args: argparse.Namespace) -> int:
     with Progress(len(seeds), "explore") as bar:
         report = explore(image, seeds, plan=plan, random_faults=args.random_faults,
                          breaks=breaks, workers=workers, cluster=args.cluster,
-                         wait_bound_ns=args.wait_bound_ns or DEFAULT_WAIT_BOUND_NS,
+                         wait_bound_ns=wait_bound, time_limit_ns=time_limit,
+                         shrink_limit=args.shrink,
                          progress=lambda r: bar.advance(note=f"seed {r.seed}"))
     doc = report.as_dict()
     try:
@@ -96,7 +100,8 @@ def cli(args: argparse.Namespace) -> int:
             for r in report.failures:
                 with open(os.path.join(args.plans, f"seed-{r.seed}.toml"), "w",
                           encoding="utf-8") as f:
-                    f.write(plan_toml(r.minimal or [], r.seed))
+                    f.write(plan_toml(r.plan if r.minimal is None else r.minimal, r.seed,
+                                      breaks))
     except OSError as e:
         raise CliError(f"{e.filename or '--json'}: {e.strerror or e}") from None
     if wants_json_on_stdout(args.json):
@@ -110,13 +115,20 @@ def cli(args: argparse.Namespace) -> int:
     else:
         print_table(["seed", "breaches", "first breach", "minimal plan"],
                     [(r.seed, len(r.breaches), _first(r.breaches),
+                      "(not shrunk)" if r.minimal is None else
                       ", ".join(f"{e.get('name')}: {e['action']} on {e['function']}"
-                                for e in r.minimal or []) or "(no fault)")
+                                for e in r.minimal) or "(no fault)")
                      for r in report.failures],
                     title=f"{len(report.failures)} failing seeds", right=["seed", "breaches"])
         for r in report.failures:
+            if r.minimal is None:
+                continue
             print(f"\n--- seed {r.seed}: minimal plan ---")
-            print(plan_toml(r.minimal or [], r.seed).rstrip("\n"))
+            print(plan_toml(r.minimal, r.seed, breaks).rstrip("\n"))
+        if report.unshrunk:
+            print(f"\n{len(report.unshrunk)} failing seeds not shrunk (--shrink "
+                  f"{report.shrink_limit}): {', '.join(map(str, report.unshrunk[:20]))}"
+                  + (" ..." if len(report.unshrunk) > 20 else ""))
     for what, path in (("JSON", args.json), ("plans", args.plans)):
         if path:
             print(f"wrote {what} {path}")

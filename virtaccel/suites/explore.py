@@ -15,27 +15,31 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
-from vmm.faults import EVENT_KINDS, IMPLEMENTED, FaultEntry, FaultPlan
+from guest_driver.testing_breaks import KNOWN as KNOWN_BREAKS
+from vmm.faults import EVENT_KINDS, IMPLEMENTED, FaultEntry, FaultPlan, FaultPlanError
 
 from ..images import VmImage, check_plan, run_image
 from .invariants import DEFAULT_WAIT_BOUND_NS, Breach, Invariants
 
-BREAK_ENV = "VIRTACCEL_BREAK"
-"""Comma-separated breakage names (invariants.BREAKS, or driver.<name>): set in every
-worker while its jobs run, so a guest driver that reads it sees the same switch."""
+DEFAULT_TIME_LIMIT_NS = 20_000_000_000
+"""Virtual time at which a run's guest waits are ended (vmm.machine.VirtualTimeLimit):
+a driver whose recovery is broken may keep time moving while a fence never signals, and
+the run must still end with a verdict (a hung wait). Four wait bounds: a healthy run of
+the shipped images ends far sooner."""
 
 RANDOM_AFTER_MAX = 8
 RANDOM_DELAY_NS = (1_000, 200_000)
+RANDOM_DURATION_NS = (50_000, 2_000_000)   # vf_stop always, iommu_unmap half the time
 _RANDOM_ACTIONS = ("drop_interrupt", "delay_interrupt", "duplicate_interrupt",
-                   "fail_dma_read", "fail_dma_write", "delay_mmio_exit", "flr")
-"""Actions random plans draw from (those of vmm.faults.IMPLEMENTED that this generator
-knows how to parametrise); an action implemented later is added here with its
-parameters."""
+                   "fail_dma_read", "fail_dma_write", "delay_mmio_exit", "flr",
+                   "hang_engine", "needs_reset", "vf_reset", "vf_stop", "iommu_unmap",
+                   "kill_process")
+"""Actions random plans draw from: every one of vmm.faults.IMPLEMENTED, each drawn only
+where the image's attachment can take it (images.check_plan's rules)."""
 
 
 @dataclass(frozen=True)
@@ -44,9 +48,10 @@ class Job:
     image: VmImage                        # with faults=None: the plan is `entries`
     seed: int
     entries: tuple[FaultEntry, ...]
-    breaks: tuple[str, ...] = ()
+    breaks: tuple[str, ...] = ()          # guest_driver.testing_breaks names
     wait_bound_ns: int = DEFAULT_WAIT_BOUND_NS
     shrink: bool = True
+    time_limit_ns: int = DEFAULT_TIME_LIMIT_NS
 
 
 @dataclass
@@ -59,6 +64,7 @@ class SeedResult:
     minimal: list[dict[str, Any]] | None = None
     minimal_breaches: list[dict[str, Any]] | None = None
     shrink_runs: int = 0
+    breaks: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -69,7 +75,7 @@ class SeedResult:
                              "breaches": self.breaches, "plan": self.plan}
         if self.minimal is not None:
             d.update(minimal_plan=self.minimal, minimal_breaches=self.minimal_breaches,
-                     minimal_plan_toml=plan_toml(self.minimal, self.seed),
+                     minimal_plan_toml=plan_toml(self.minimal, self.seed, self.breaks),
                      shrink_runs=self.shrink_runs)
         return d
 
@@ -84,6 +90,12 @@ class Report:
     plan: list[dict[str, Any]]
     breaks: tuple[str, ...]
     results: list[SeedResult]
+    shrink_limit: int | None = None
+
+    @property
+    def unshrunk(self) -> list[int]:
+        """Failing seeds left without a minimal plan (past `shrink_limit`)."""
+        return [r.seed for r in self.failures if r.minimal is None]
 
     @property
     def failures(self) -> list[SeedResult]:
@@ -104,6 +116,7 @@ class Report:
                 "breaks": list(self.breaks), "runs": len(self.results),
                 "faults_injected": sum(r.injected for r in self.results),
                 "failed_seeds": [r.seed for r in self.failures], "breach_kinds": kinds,
+                "shrink_limit": self.shrink_limit, "unshrunk_seeds": self.unshrunk,
                 "ok": self.ok, "failures": [r.as_dict() for r in self.failures]}
 
 
@@ -123,27 +136,40 @@ def random_entries(image: VmImage, seed: int, n: int) -> tuple[FaultEntry, ...]:
     action its attachment can take and an `after` trigger."""
     rng = random.Random(f"virtaccel-explore:{seed}")
     functions = [t.name for t in image.tenants] or [image.name]
-    pci = image.accelerator.transport == "pci"
-    actions = [a for a in _RANDOM_ACTIONS if a in IMPLEMENTED
-               and (pci or a not in ("flr", "duplicate_interrupt"))]
+    actions = [a for a in _RANDOM_ACTIONS if a in IMPLEMENTED and _fits(image, a)]
     out: list[FaultEntry] = []
     for i in range(n):
         action = rng.choice(actions)
-        delay = None
+        delay = duration = None
         if action in ("delay_interrupt", "delay_mmio_exit"):
             delay = rng.randint(*RANDOM_DELAY_NS)
+        if action == "vf_stop" or (action == "iommu_unmap" and rng.random() < 0.5):
+            duration = rng.randint(*RANDOM_DURATION_NS)
         out.append(FaultEntry(function=rng.choice(functions), action=action,
                               after=rng.randint(1, RANDOM_AFTER_MAX), on=rng.choice(EVENT_KINDS),
-                              delay_ns=delay, name=f"random{i}"))
+                              delay_ns=delay, duration_ns=duration, name=f"random{i}"))
     return tuple(out)
 
 
-def plan_toml(entries: Sequence[dict[str, Any]], seed: int | None = None) -> str:
+def _fits(image: VmImage, action: str) -> bool:
+    """Whether images.check_plan lets `action` run on this image's functions."""
+    try:
+        check_plan(image, FaultPlan([FaultEntry(function=(image.tenants[0].name if image.tenants
+                                                          else image.name),
+                                                action=action, after=1, on="command")]))
+    except FaultPlanError:
+        return False
+    return True
+
+
+def plan_toml(entries: Sequence[dict[str, Any]], seed: int | None = None,
+              breaks: Sequence[str] = ()) -> str:
     """A plan as [[faults]] tables: `virtaccel explore --faults` and VM images read it."""
     lines = []
     if seed is not None:
+        brk = f" --break {','.join(breaks)}" if breaks else ""
         lines.append(f"# replays seed {seed}: virtaccel explore IMAGE --seeds {seed}:{seed + 1} "
-                     "--faults THIS.toml")
+                     f"--faults THIS.toml{brk}")
     for e in entries:
         lines.append("[[faults]]")
         for k, v in e.items():
@@ -156,18 +182,23 @@ def plan_toml(entries: Sequence[dict[str, Any]], seed: int | None = None) -> str
 
 
 def run_once(image: VmImage, seed: int, entries: Sequence[FaultEntry],
-             breaks: Sequence[str] = (), wait_bound_ns: int = DEFAULT_WAIT_BOUND_NS
-             ) -> tuple[list[Breach], int]:
-    """Run `image` at `seed` with the plan `entries`; the breaches and the number of
-    faults injected."""
-    img = dataclasses.replace(image, faults=FaultPlan(entries) if entries else None)
+             breaks: Sequence[str] = (), wait_bound_ns: int = DEFAULT_WAIT_BOUND_NS,
+             time_limit_ns: int = DEFAULT_TIME_LIMIT_NS) -> tuple[list[Breach], int]:
+    """Run `image` at `seed` with the plan `entries`, its guests booted with the driver
+    breakages `breaks` (`va1.break=` on their command line); the breaches and the number
+    of faults injected."""
+    cmdline = image.cmdline
+    if breaks:
+        cmdline = " ".join(p for p in (cmdline, f"va1.break={','.join(breaks)}") if p)
+    img = dataclasses.replace(image, faults=FaultPlan(entries) if entries else None,
+                              cmdline=cmdline)
     watchers: list[Invariants] = []
 
     def attach(session: Any) -> None:
-        watchers.append(Invariants(session, wait_bound_ns=wait_bound_ns, breaks=breaks))
+        watchers.append(Invariants(session, wait_bound_ns=wait_bound_ns))
 
     try:
-        run = run_image(img, seed, on_launch=attach)
+        run = run_image(img, seed, on_launch=attach, time_limit_ns=time_limit_ns)
     except Exception as e:  # noqa: BLE001 - the machine itself failed: a verdict too
         done = watchers[0].check() if watchers else []
         return done + [Breach("run_error", image.name, 0, f"{type(e).__name__}: {e}")], 0
@@ -196,7 +227,8 @@ def shrink(job: Job, kinds: set[str]) -> tuple[tuple[FaultEntry, ...], list[Brea
         size = -(-len(current) // n)
         for start in range(0, len(current), size):
             trial = current[:start] + current[start + size:]
-            got, _ = run_once(job.image, job.seed, trial, job.breaks, job.wait_bound_ns)
+            got, _ = run_once(job.image, job.seed, trial, job.breaks, job.wait_bound_ns,
+                              job.time_limit_ns)
             runs += 1
             if any(b.kind in kinds for b in got):
                 current, breaches = trial, got
@@ -211,40 +243,29 @@ def shrink(job: Job, kinds: set[str]) -> tuple[tuple[FaultEntry, ...], list[Brea
 
 def explore_seed(job: Job) -> SeedResult:
     """One seed's verdict (a pure function of the job: any worker gives the same)."""
-    saved = os.environ.get(BREAK_ENV)
-    if job.breaks:
-        os.environ[BREAK_ENV] = ",".join(job.breaks)
-    else:
-        os.environ.pop(BREAK_ENV, None)
-    try:
-        breaches, injected = run_once(job.image, job.seed, job.entries, job.breaks,
-                                      job.wait_bound_ns)
-        res = SeedResult(job.seed, [e.as_dict() for e in job.entries], injected,
-                         [b.as_dict() for b in breaches])
-        if breaches and job.shrink:
-            if job.entries:
-                minimal, got, runs = shrink(job, {b.kind for b in breaches})
-                if len(minimal) == len(job.entries):
-                    got = breaches
-            else:
-                minimal, got, runs = (), breaches, 0
-            res.minimal = [e.as_dict() for e in minimal]
-            res.minimal_breaches = [b.as_dict() for b in got]
-            res.shrink_runs = runs
-        return res
-    finally:
-        if saved is None:
-            os.environ.pop(BREAK_ENV, None)
+    breaches, injected = run_once(job.image, job.seed, job.entries, job.breaks,
+                                  job.wait_bound_ns, job.time_limit_ns)
+    res = SeedResult(job.seed, [e.as_dict() for e in job.entries], injected,
+                     [b.as_dict() for b in breaches], breaks=job.breaks)
+    if breaches and job.shrink:
+        if job.entries:
+            minimal, got, runs = shrink(job, {b.kind for b in breaches})
+            if len(minimal) == len(job.entries):
+                got = breaches
         else:
-            os.environ[BREAK_ENV] = saved
+            minimal, got, runs = (), breaches, 0
+        res.minimal = [e.as_dict() for e in minimal]
+        res.minimal_breaches = [b.as_dict() for b in got]
+        res.shrink_runs = runs
+    return res
 
 
 # -- a campaign -------------------------------------------------------------------------------
 
 
 def make_jobs(image: VmImage, seeds: range, plan: FaultPlan | None, random_faults: int,
-              breaks: Sequence[str] = (), wait_bound_ns: int = DEFAULT_WAIT_BOUND_NS
-              ) -> list[Job]:
+              breaks: Sequence[str] = (), wait_bound_ns: int = DEFAULT_WAIT_BOUND_NS,
+              time_limit_ns: int = DEFAULT_TIME_LIMIT_NS, shrink: bool = True) -> list[Job]:
     """One job per seed: the plan's entries, then `random_faults` drawn for the seed.
     The image's own [[faults]] are the plan when no other is given."""
     base = plan.entries if plan is not None else (image.faults.entries if image.faults else ())
@@ -253,7 +274,7 @@ def make_jobs(image: VmImage, seeds: range, plan: FaultPlan | None, random_fault
     for s in seeds:
         entries = named(tuple(base) + random_entries(image, s, random_faults))
         check_plan(image, FaultPlan(entries))
-        jobs.append(Job(bare, s, entries, tuple(breaks), wait_bound_ns))
+        jobs.append(Job(bare, s, entries, tuple(breaks), wait_bound_ns, shrink, time_limit_ns))
     return jobs
 
 
@@ -289,13 +310,42 @@ def run_jobs(jobs: Sequence[Job], *, workers: int = 1, cluster: str | None = Non
     return [results[i] for i in range(len(jobs))]
 
 
+def check_breaks(names: Iterable[str]) -> tuple[str, ...]:
+    """The driver breakage names (guest_driver.testing_breaks), checked, without repeats:
+    ValueError naming an unknown one."""
+    out: list[str] = []
+    for n in names:
+        if n not in KNOWN_BREAKS:
+            raise ValueError(f"unknown breakage {n!r} (known: {', '.join(sorted(KNOWN_BREAKS))})")
+        if n not in out:
+            out.append(n)
+    return tuple(out)
+
+
 def explore(image: VmImage, seeds: range, *, plan: FaultPlan | None = None,
             random_faults: int = 0, breaks: Sequence[str] = (), workers: int = 1,
             cluster: str | None = None, wait_bound_ns: int = DEFAULT_WAIT_BOUND_NS,
+            time_limit_ns: int = DEFAULT_TIME_LIMIT_NS, shrink_limit: int | None = None,
             progress: Callable[[SeedResult], None] | None = None) -> Report:
-    """Run the campaign (module docstring) and report it."""
-    jobs = make_jobs(image, seeds, plan, random_faults, breaks, wait_bound_ns)
+    """Run the campaign (module docstring) and report it. Every failing seed is shrunk
+    to a minimal plan, or only the first `shrink_limit` of them in seed order (the same
+    seeds whatever the executor: they are shrunk in a second pass)."""
+    breaks = check_breaks(breaks)
+    if time_limit_ns <= wait_bound_ns:
+        raise ValueError(f"time limit {time_limit_ns} ns must exceed the wait bound "
+                         f"{wait_bound_ns} ns (a hung wait must be seen before the run ends)")
+    if shrink_limit is not None and shrink_limit < 0:
+        raise ValueError(f"shrink_limit {shrink_limit}: >= 0")
+    one_pass = shrink_limit is None
+    jobs = make_jobs(image, seeds, plan, random_faults, breaks, wait_bound_ns, time_limit_ns,
+                     shrink=one_pass)
     results = run_jobs(jobs, workers=workers, cluster=cluster, progress=progress)
+    if not one_pass:
+        failing = [i for i, r in enumerate(results) if not r.ok][:shrink_limit]
+        again = run_jobs([dataclasses.replace(jobs[i], shrink=True) for i in failing],
+                         workers=workers, cluster=cluster)
+        for i, r in zip(failing, again):
+            results[i] = r
     base = plan.entries if plan is not None else (image.faults.entries if image.faults else ())
     return Report(image.path, image.name, (seeds.start, seeds.stop), random_faults,
-                  [e.as_dict() for e in named(base)], tuple(breaks), results)
+                  [e.as_dict() for e in named(base)], tuple(breaks), results, shrink_limit)

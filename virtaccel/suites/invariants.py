@@ -44,13 +44,6 @@ BREACH_KINDS = ("lost_fence", "double_signal", "unnamed_status", "hung_wait",
                 "run_error")
 """run_error: the run itself raised (not a guest program's error: the machine's)."""
 
-BREAKS = ("lost_irq",)
-"""Breakages the product fakes (docs/faults.md, "A broken driver on purpose"): `lost_irq`
-hides every fence signal of a function after a `drop_interrupt` was injected on it, as a
-driver that never recovers a lost interrupt would leave them. Names starting with
-`driver.` are the guest driver's to define and read; the checker ignores them."""
-
-
 @dataclass(frozen=True)
 class Breach:
     """One broken invariant: its kind (BREACH_KINDS), where (a VM or a task), when."""
@@ -67,23 +60,11 @@ class Breach:
                 "detail": self.detail}
 
 
-def check_breaks(names: Iterable[str]) -> tuple[str, ...]:
-    """The breakage names, checked: ValueError naming an unknown one."""
-    out: list[str] = []
-    for n in names:
-        if n not in BREAKS and not (n.startswith("driver.") and len(n) > len("driver.")):
-            raise ValueError(f"unknown breakage {n!r} (one of: {', '.join(BREAKS)}, "
-                             "or driver.<name> for the guest driver's own)")
-        if n not in out:
-            out.append(n)
-    return tuple(out)
-
-
 class Invariants:
     """Watches a launched session's trace; `check()` returns the breaches (docstring)."""
 
     def __init__(self, session: "Session", *, wait_bound_ns: int = DEFAULT_WAIT_BOUND_NS,
-                 foreign: Iterable[str] = (), breaks: Iterable[str] = ()) -> None:
+                 foreign: Iterable[str] = ()) -> None:
         if isinstance(wait_bound_ns, bool) or not isinstance(wait_bound_ns, int) \
                 or wait_bound_ns < 1:
             raise ValueError(f"wait_bound_ns {wait_bound_ns!r}: a virtual time >= 1 ns")
@@ -93,7 +74,6 @@ class Invariants:
         unknown = sorted(self.foreign - set(self.vm_names))
         if unknown:
             raise ValueError(f"foreign VMs {', '.join(unknown)}: not in this session")
-        self.breaks = set(check_breaks(breaks))
         self._device: dict[str, str] = {}
         for t in fault_targets(session.vms, session.host).values():
             if t.source is not None:
@@ -103,7 +83,6 @@ class Invariants:
         self.faulted: set[str] = set()            # VMs a fault was injected on
         self.injected = 0
         self._first_fault_ns: int | None = None
-        self._broken: set[str] = set()             # VMs whose signals `lost_irq` hides
         self._signalled: dict[tuple[str, int], set[int]] = defaultdict(set)
         self._waited: dict[tuple[str, int, int], int] = {}
         self._signals_by_seq: Counter[tuple[str, int]] = Counter()
@@ -131,8 +110,6 @@ class Invariants:
                 self.faulted.add(fn)
                 if self._first_fault_ns is None:
                     self._first_fault_ns = ev.t_ns
-                if "lost_irq" in self.breaks and ev.get("action") == "drop_interrupt":
-                    self._broken.add(fn)
                 if ev.get("action") in _RESETS_BEHIND:
                     self._reset_behind.add(fn)
         elif src in self._kernel:
@@ -151,7 +128,11 @@ class Invariants:
             t0, what, timeout = stack.pop()
             if what == "sleep":
                 return
-            if timeout < 0 and not ev.get("ok"):
+            if ev.get("time_limit") is not None:
+                self.breaches.append(Breach("hung_wait", task, t0,
+                                            f"waited for {what} until the run's time limit "
+                                            f"({ev.get('time_limit')} ns) ended it"))
+            elif timeout < 0 and not ev.get("ok"):
                 self.breaches.append(Breach("hung_wait", task, t0,
                                             f"waited for {what} forever (no event could end it)"))
             elif ev.t_ns - t0 > self.wait_bound_ns:
@@ -165,8 +146,6 @@ class Invariants:
         if ev.kind == "reset":
             self._reset_behind.discard(vm)
         elif ev.kind == "fence_signal":
-            if vm in self._broken:
-                return
             ctx, seq, status = _int(ev.get("context")), _int(ev.get("fence")), ev.get("status")
             done = self._signalled[(vm, ctx)]
             if seq in done:
