@@ -67,8 +67,10 @@ class AccelGuestOS:
         self.kernel.trace.emit("probe_error", error=error, **where)
 
 
-def boot(kernel: GuestKernel) -> AccelGuestOS:
-    """Bind every VA-1 function: platform virtio-mmio ones, then PCI ones."""
+def boot(kernel: GuestKernel, *, optional_features: int | None = None) -> AccelGuestOS:
+    """Bind every VA-1 function: platform virtio-mmio ones, then PCI ones.
+    `optional_features`: the optional virtio features the VA-1 driver may accept (like
+    a module parameter; None: its defaults)."""
     os_ = AccelGuestOS(kernel)
     alloc = PageAllocator(kernel.ram.base, kernel.ram.size, "guest RAM")
     for pdev in kernel.platform_devices:
@@ -82,7 +84,7 @@ def boot(kernel: GuestKernel) -> AccelGuestOS:
         if dev_id != A.VIRTIO_DEVICE_ID:
             continue  # 0 = empty slot; other ids are other drivers' business
         name = f"accel{len(os_.devices)}"
-        dev = VA1Device(kernel, pdev, alloc, name)
+        dev = VA1Device(kernel, pdev, alloc, name, optional=optional_features)
         try:
             dev.probe()
         except TransportError as e:
@@ -101,7 +103,8 @@ def boot(kernel: GuestKernel) -> AccelGuestOS:
             name = f"accel{len(os_.devices)}"
             try:
                 is_pf = has_sriov(fn)
-                dev = VA1Device(kernel, VirtioPci(kernel, fn), alloc, name, admin=is_pf)
+                dev = VA1Device(kernel, VirtioPci(kernel, fn), alloc, name, admin=is_pf,
+                                optional=optional_features)
                 dev.probe()
                 if dev.admin is not None:
                     pf = VA1Pf(kernel, fn, alloc, name, host, device=dev)

@@ -21,6 +21,7 @@ every state after launch, so a closed session can still be read.
 """
 from __future__ import annotations
 
+import dataclasses
 import enum
 import functools
 import time
@@ -29,7 +30,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Mapping, Sequence, TypeVar
 
 from device_model import Va1Config
+from device_model.va1.config import DEFAULT_VIRTIO_FEATURES, VIRTIO_OPTIONS
 from guest_driver.kernel import GuestKernel
+from guest_driver.va1.driver import DEFAULT_OPTIONAL, FEATURE_NAMES
 from guest_driver.uapi import GuestOS
 from hwspec.va1 import VfResources
 from vmm.faults import FaultInjector, FaultPlan, FaultPlanError, fault_targets
@@ -69,6 +72,30 @@ def _requires(*states: SessionState) -> Callable[[_F], _F]:
             return fn(self, *args, **kwargs)
         return guarded  # type: ignore[return-value]
     return wrap
+
+
+GUEST_FEATURES = tuple(FEATURE_NAMES)
+"""Names of the optional virtio features a guest's VA-1 driver can be told to accept."""
+DEFAULT_GUEST_FEATURES = tuple(n for n, bit in FEATURE_NAMES.items()
+                               if DEFAULT_OPTIONAL >> bit & 1)
+
+
+def feature_mask(names: Iterable[str]) -> int:
+    """The feature bits of `names` (GUEST_FEATURES). ValueError naming an unknown one."""
+    if isinstance(names, str):
+        raise ValueError(f"guest features {names!r}: give a list of names")
+    mask = 0
+    for name in names:
+        if name not in FEATURE_NAMES:
+            raise ValueError(f"guest feature {name!r} is unknown (known: "
+                             f"{', '.join(GUEST_FEATURES)})")
+        mask |= 1 << FEATURE_NAMES[name]
+    return mask
+
+
+def feature_names(mask: int) -> list[str]:
+    """The GUEST_FEATURES names of the bits set in `mask`, in table order."""
+    return [n for n, bit in FEATURE_NAMES.items() if mask >> bit & 1]
 
 
 def tenant_seed(seed: int, vf: int) -> int:
@@ -115,9 +142,17 @@ class Session:
                  card_factory: CardFactory | None = None,
                  pf_driver_factory: PfDriverFactory | None = None,
                  card_options: Mapping[str, Any] | None = None,
-                 faults: FaultPlan | None = None) -> None:
+                 faults: FaultPlan | None = None,
+                 guest_features: Iterable[str] | None = None) -> None:
         if attach not in ATTACHMENTS:
             raise ValueError(f"attach {attach!r}: one of {', '.join(ATTACHMENTS)}")
+        self.guest_features = (None if guest_features is None
+                               else feature_mask(guest_features))
+        if self.guest_features is not None and (
+                config is None or config.virtio_features == DEFAULT_VIRTIO_FEATURES):
+            # a bring-up run: the device offers every optional feature, the guest's
+            # driver picks (a config that sets virtio_features keeps its own offer)
+            config = dataclasses.replace(config or Va1Config(), virtio_features=VIRTIO_OPTIONS)
         if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 1 << 64:
             raise ValueError(f"seed {seed!r} is outside 0 .. 2**64-1")
         self.attach = attach
@@ -249,6 +284,7 @@ class Session:
 
     def _new_vm(self, spec: VmSpec) -> Vm:
         vm = Vm(self.machine, spec.name, ram_size=spec.memory, exit_cost_ns=self.exit_cost_ns)
+        vm.guest_features = self.guest_features
         self.vms.append(vm)
         return vm
 

@@ -83,6 +83,9 @@ class Vm:
             trace=machine.trace.tracer(f"{name}.kernel"),
             ram=RamRange(ram_base + KERNEL_RESERVED, ram_size - KERNEL_RESERVED))
         self.os: GuestOS | None = None
+        # The optional virtio features the guest's VA-1 driver may accept (its module
+        # parameter; None: the driver's defaults). Set before the guest boots.
+        self.guest_features: int | None = None
         # Each spawned program's GuestOS once it booted, in spawn order (fault plans'
         # kill_process picks one).
         self.programs: list[GuestOS | None] = []
@@ -189,7 +192,7 @@ class Vm:
     def boot(self) -> GuestOS:
         """Run the guest kernel's probe of its devices (in guest context)."""
         from guest_driver.boot import boot
-        self.os = boot(self.kernel)
+        self.os = boot(self.kernel, optional_features=self.guest_features)
         return self.os
 
     def spawn_program(self, program: Callable[[GuestOS], Any], name: str | None = None) -> GuestTask:
