@@ -232,7 +232,7 @@ class Session:
                 exit_cost_ns=img.exit_cost_ns, config=Va1Config(**acc.config),
                 keep_trace=keep_trace, card_factory=card_factory,
                 pf_driver_factory=pf_driver_factory, card_options=options,
-                faults=img.faults)
+                faults=img.faults, guest_features=img.guest_features)
         s.image = img
         return s
 
