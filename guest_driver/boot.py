@@ -68,8 +68,10 @@ class AccelGuestOS:
         self.kernel.trace.emit("probe_error", error=error, **where)
 
 
-def boot(kernel: GuestKernel) -> AccelGuestOS:
-    """Bind every VA-1 function: platform virtio-mmio ones, then PCI ones."""
+def boot(kernel: GuestKernel, *, optional_features: int | None = None) -> AccelGuestOS:
+    """Bind every VA-1 function: platform virtio-mmio ones, then PCI ones.
+    `optional_features`: the optional virtio features the VA-1 driver may accept (like
+    a module parameter; None: its defaults)."""
     os_ = AccelGuestOS(kernel)
     try:
         params = parse_cmdline(kernel.cmdline)

@@ -61,3 +61,37 @@ def avail_ring_size(num: int) -> int:
 def used_ring_size(num: int) -> int:
     """Bytes of the device area, including avail_event."""
     return USED_HEADER + USED_ELEM.size * num + 2
+
+
+# Packed virtqueue (virtio 1.x §2.8; linux/virtio_ring.h). Flag bit numbers as the header
+# names them (VRING_PACKED_DESC_F_AVAIL/USED), and the masks the descriptors carry.
+PACKED_DESC_F_AVAIL = 7
+PACKED_DESC_F_USED = 15
+DESC_F_AVAIL = 1 << PACKED_DESC_F_AVAIL
+DESC_F_USED = 1 << PACKED_DESC_F_USED
+PACKED_DESC = Layout("vring_packed_desc", (("addr", "Q"), ("len", "I"), ("id", "H"),
+                                           ("flags", "H")))
+PACKED_EVENT = Layout("vring_packed_desc_event", (("off_wrap", "H"), ("flags", "H")))
+PACKED_EVENT_FLAG_ENABLE = 0x0
+PACKED_EVENT_FLAG_DISABLE = 0x1
+PACKED_EVENT_FLAG_DESC = 0x2    # only with RING_EVENT_IDX; 0x3 is reserved
+PACKED_EVENT_FLAGS_MASK = 0x3   # desc_event_flags: 2 bits; the other 14 are reserved
+PACKED_EVENT_F_WRAP_CTR = 15    # bit of off_wrap holding the wrap counter
+PACKED_DESC_ALIGN = 16
+PACKED_EVENT_ALIGN = 4
+PACKED_QUEUE_SIZE_MAX = 1 << 15  # any size 1 .. 2^15, not only powers of two
+
+
+def packed_ring_size(num: int) -> int:
+    """Bytes of a packed descriptor ring of `num` entries."""
+    return PACKED_DESC.size * num
+
+
+# Driver notifications with VIRTIO_F_NOTIFICATION_DATA (virtio 1.x §2.9, le32):
+# vqn in bits 0-15; next_off in bits 16-30 (split: the avail index's 15 low bits; packed:
+# the offset of the next descriptor to be made available); next_wrap in bit 31 (split:
+# the avail index's bit 15; packed: the driver's wrap counter).
+NOTIFY_DATA_VQN_MASK = 0xFFFF
+NOTIFY_DATA_OFF_SHIFT = 16
+NOTIFY_DATA_OFF_MASK = 0x7FFF
+NOTIFY_DATA_WRAP_SHIFT = 31

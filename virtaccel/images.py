@@ -45,11 +45,19 @@ the image seed and the VF number):
     entry = "virtaccel.guests.tenant:checked_gemm"   # optional, overrides program.entry
     args = { count = 16 }            # optional, merged over program.args
 
-The guest kernel's command line (every VM's), e.g. the VA-1 driver's parameters
-(docs/driver.md, "Parameters"):
+Guest driver features (docs/driver.md "Feature choice"), any mode: the optional virtio
+features the guest's VA-1 driver may accept; the device then offers all of them, so the
+run negotiates exactly this set (what the device offers of it). Without [guest] the
+driver accepts its defaults (indirect, event_idx) from a device offering those:
 
     [guest]
-    cmdline = "va1.watchdog_ns=4000000000"
+    features = ["packed", "event_idx"]      # exactly these (any of: indirect, event_idx,
+                                            # packed, in_order, notification_data,
+                                            # ring_reset); [] = none
+    # exclude_features = ["packed"]         # or: every one of them but these
+    cmdline = "va1.watchdog_ns=4000000000"  # the guest kernel's command line (every VM's):
+                                            # the VA-1 driver's parameters (docs/driver.md,
+                                            # "Parameters")
 
 Fault plans (docs/faults.md), any mode: one [[faults]] table per entry, checked by
 vmm.faults' rules; `function` is the image's name (its VM), or for sriov-vf a tenant's
@@ -130,6 +138,7 @@ class VmImage:
     tenants: tuple[TenantImage, ...] = ()
     faults: "FaultPlan | None" = None     # [[faults]]; None: no plan
     cmdline: str = ""                     # [guest] cmdline: every guest kernel's
+    guest_features: tuple[str, ...] | None = None   # [guest]; None: the driver's defaults
 
 
 class _Checker:
@@ -250,7 +259,7 @@ def parse_image(doc: dict[str, Any], path: str = "<image>") -> VmImage:
         tenants = _tenants(c, doc, memory, resources, entry, args, total_vfs or MAX_TOTAL_VFS)
     faults = _faults(c, doc, mode, transport, name, tenants)
     guest = c.table(doc, "guest", "")
-    c.keys(guest, "guest.", ("cmdline",))
+    guest_features = _guest_features(c, guest)
     cmdline = c.typed(guest.get("cmdline", ""), "guest.cmdline", str, "text")
     try:
         parse_cmdline(cmdline)
@@ -258,7 +267,33 @@ def parse_image(doc: dict[str, Any], path: str = "<image>") -> VmImage:
         raise c.fail("guest.cmdline", str(e)) from None
     return VmImage(path, name, description, seed, memory, vcpus, exit_cost,
                    AcceleratorSpec(mode, transport, dict(cfg), resources, total_vfs), entry, args,
-                   tenants, faults, cmdline)
+                   tenants, faults, cmdline, guest_features)
+
+
+def _guest_features(c: _Checker, guest: dict[str, Any]) -> tuple[str, ...] | None:
+    """[guest] features = [...] (exactly these optional features) or exclude_features =
+    [...] (every optional feature but these); neither: the driver's defaults (None)."""
+    from .session import GUEST_FEATURES
+    c.keys(guest, "guest.", ("features", "exclude_features", "cmdline"))
+    if "features" in guest and "exclude_features" in guest:
+        raise c.fail("guest", "give features or exclude_features, not both")
+    for key in ("features", "exclude_features"):
+        if key not in guest:
+            continue
+        names = guest[key]
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise c.fail(f"guest.{key}", "must be a list of feature names")
+        for i, n in enumerate(names):
+            if n not in GUEST_FEATURES:
+                raise c.fail(f"guest.{key}[{i}]", f"unknown feature {n!r} (known: "
+                                                 f"{', '.join(GUEST_FEATURES)})")
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise c.fail(f"guest.{key}", f"{', '.join(dup)} repeated")
+        if key == "features":
+            return tuple(names)
+        return tuple(n for n in GUEST_FEATURES if n not in names)
+    return None
 
 
 def _faults(c: _Checker, doc: dict[str, Any], mode: str, transport: str, name: str,
@@ -439,6 +474,9 @@ class ImageRun:
     exits: int
     direct_accesses: int
     trace_events: list[Any] = field(default_factory=list)
+    # (trace source, rule, message) of every driver rule the device logged, in order:
+    # transport violations and the ring rules that set DEVICE_NEEDS_RESET
+    violations: list[tuple[str, str, str]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -476,7 +514,13 @@ def run_image(image: VmImage, seed: int | None = None, keep_trace: bool = False,
         cause = e.__cause__
         reason = cause.strerror if isinstance(cause, OSError) and cause.strerror else cause
         raise ImageError(f"{image.path}: accelerator: {reason or e}") from None
+    violations: list[tuple[str, str, str]] = []
+
+    def watch(ev: Any) -> None:
+        if ev.kind in ("violation", "ring_broken"):
+            violations.append((ev.source, str(ev.get("rule")), str(ev.get("message"))))
     with session:
+        session.watch(watch)
         if on_launch is not None:
             on_launch(session)
         tasks = [session.spawn(_bind(prog, session.program_seed(i), args), vm=i, name=name)
@@ -488,7 +532,8 @@ def run_image(image: VmImage, seed: int | None = None, keep_trace: bool = False,
     else:
         result, error = _tenant_results(image, session, tasks, programs)
     return ImageRun(image, seed, result, error, session.now_ns(), session.digest(),
-                    session.exits, session.direct_accesses, list(session.trace.events))
+                    session.exits, session.direct_accesses, list(session.trace.events),
+                    violations)
 
 
 def _bind(program: Callable[..., Any], seed: int, args: dict[str, Any]

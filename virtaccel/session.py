@@ -21,6 +21,7 @@ every state after launch, so a closed session can still be read.
 """
 from __future__ import annotations
 
+import dataclasses
 import enum
 import functools
 import time
@@ -29,8 +30,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Mapping, Sequence, TypeVar
 
 from device_model import Va1Config
+from device_model.va1.config import DEFAULT_VIRTIO_FEATURES, VIRTIO_OPTIONS
 from guest_driver.kernel import GuestKernel
-from guest_driver.params import ParamError, parse_cmdline
+from guest_driver.params import (DEFAULT_OPTIONAL, FEATURE_NAMES, ParamError, feature_mask,
+                                  feature_names, features_token, parse_cmdline)
 from guest_driver.uapi import GuestOS
 from hwspec.va1 import VfResources
 from vmm.faults import FaultInjector, FaultPlan, FaultPlanError, fault_targets
@@ -70,6 +73,11 @@ def _requires(*states: SessionState) -> Callable[[_F], _F]:
             return fn(self, *args, **kwargs)
         return guarded  # type: ignore[return-value]
     return wrap
+
+
+GUEST_FEATURES = tuple(FEATURE_NAMES)
+"""Names of the optional virtio features a guest's VA-1 driver can be told to accept."""
+DEFAULT_GUEST_FEATURES = tuple(feature_names(DEFAULT_OPTIONAL))
 
 
 def tenant_seed(seed: int, vf: int) -> int:
@@ -119,12 +127,25 @@ class Session:
                  pf_driver_factory: PfDriverFactory | None = None,
                  card_options: Mapping[str, Any] | None = None,
                  faults: FaultPlan | None = None, cmdline: str = "",
-                 time_limit_ns: int | None = None) -> None:
+                 time_limit_ns: int | None = None,
+                 guest_features: Iterable[str] | None = None) -> None:
         """`cmdline`: every guest kernel's command line (the VA-1 driver's `va1.*`
         parameters, checked here). `time_limit_ns`: virtual time past which a guest wait
-        ends in vmm.machine.VirtualTimeLimit (None: no limit)."""
+        ends in vmm.machine.VirtualTimeLimit (None: no limit). `guest_features`: the
+        optional virtio features the guest's driver may accept (`va1.features=` on the
+        command line; None: its defaults), with every one offered by the device."""
         if attach not in ATTACHMENTS:
             raise ValueError(f"attach {attach!r}: one of {', '.join(ATTACHMENTS)}")
+        try:
+            self.guest_features = (None if guest_features is None
+                                   else feature_names(feature_mask(guest_features)))
+        except ParamError as e:
+            raise ValueError(f"guest_features: {e}") from None
+        if self.guest_features is not None and (
+                config is None or config.virtio_features == DEFAULT_VIRTIO_FEATURES):
+            # a bring-up run: the device offers every optional feature, the guest's
+            # driver picks (a config that sets virtio_features keeps its own offer)
+            config = dataclasses.replace(config or Va1Config(), virtio_features=VIRTIO_OPTIONS)
         if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 1 << 64:
             raise ValueError(f"seed {seed!r} is outside 0 .. 2**64-1")
         if time_limit_ns is not None and (isinstance(time_limit_ns, bool)
@@ -185,7 +206,9 @@ class Session:
         return specs
 
     def _cmdline(self, spec: VmSpec) -> str:
-        return " ".join(p for p in (self.cmdline, spec.cmdline) if p)
+        """The VM's kernel command line: the session's, the chosen features, the VM's."""
+        features = None if self.guest_features is None else features_token(self.guest_features)
+        return " ".join(p for p in (self.cmdline, features, spec.cmdline) if p)
 
     def _check_faults(self, plan: FaultPlan) -> None:
         """Refuse a plan naming no VM of this session (nor vf<N> of an "sriov" one)
@@ -219,7 +242,8 @@ class Session:
                 exit_cost_ns=img.exit_cost_ns, config=Va1Config(**acc.config),
                 keep_trace=keep_trace, card_factory=card_factory,
                 pf_driver_factory=pf_driver_factory, card_options=options,
-                faults=img.faults, cmdline=img.cmdline, time_limit_ns=time_limit_ns)
+                faults=img.faults, cmdline=img.cmdline, time_limit_ns=time_limit_ns,
+                guest_features=img.guest_features)
         s.image = img
         return s
 

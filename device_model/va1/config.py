@@ -7,12 +7,19 @@ from dataclasses import dataclass, fields
 from hwspec import isa, va1
 
 from ..errors import DeviceModelError
+from ..virtio.ring_factory import RING_FEATURES
+from ..virtio.status import TRANSPORT_FEATURES
 
 _MIB = 1 << 20
 _GIB = 1 << 30
 _U32 = (1 << 32) - 1
 _U64 = (1 << 64) - 1
 ALL_DTYPES = sum(1 << d for d in isa.DType)
+# Optional virtio features a function can be built to offer (spec §2, "Feature bits"),
+# and those it offers unless configured otherwise (a device property, as QEMU's packed=,
+# in_order=, notification_data=, queue_reset= are).
+VIRTIO_OPTIONS = RING_FEATURES | TRANSPORT_FEATURES
+DEFAULT_VIRTIO_FEATURES = 1 << 28 | 1 << 29          # RING_INDIRECT_DESC, RING_EVENT_IDX
 
 # What a function can be configured with (spec §5, "Limits"): the register's width, and
 # tighter where a bigger value is no device a host can model (memory is allocated, one
@@ -35,6 +42,8 @@ LIMITS: dict[str, tuple[int, int, str]] = {
     "work_memory_size": (_MIB, 16 * _GIB, "host bytes of one command's temporaries; "
                          "numpy's own buffers and the smallest tiles need 1 MiB"),
     "max_command_flops": (1, _U64, "u64, non-zero"),
+    "virtio_features": (0, VIRTIO_OPTIONS, "optional virtio feature bits the device "
+                        "implements"),
 }
 
 
@@ -69,6 +78,11 @@ class Va1Config:
     # host memory its kernel may allocate, and the flops it may ask for.
     work_memory_size: int = 32 * _MIB
     max_command_flops: int = 1 << 33
+    # Optional virtio features offered (not in config space): ring layouts and options
+    # (INDIRECT_DESC, EVENT_IDX, RING_PACKED, IN_ORDER) and transport ones
+    # (NOTIFICATION_DATA, RING_RESET); VERSION_1, ACCESS_PLATFORM and the VA-1 bits are
+    # always offered.
+    virtio_features: int = DEFAULT_VIRTIO_FEATURES
 
     def __post_init__(self) -> None:
         """Every field checked here, so that nothing is built from a config the
@@ -80,6 +94,11 @@ class Va1Config:
             lo, hi, why = LIMITS[f.name]
             if not lo <= value <= hi:
                 raise ConfigError(f.name, value, lo, hi, why)
+        extra = self.virtio_features & ~VIRTIO_OPTIONS
+        if extra:
+            raise ConfigError("virtio_features", self.virtio_features, 0, VIRTIO_OPTIONS, "",
+                              f"{self.virtio_features:#x} has bits {extra:#x} that are not "
+                              f"optional virtio features of VA-1 (mask {VIRTIO_OPTIONS:#x})")
         q = self.queue_size_max
         if q & (q - 1):
             raise ConfigError("queue_size_max", q, 1, 32768, "",

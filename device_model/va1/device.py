@@ -22,8 +22,9 @@ from ..testing_breaks import BREAKS
 from ..virtio.device import VirtioDevice, VirtioInterrupt
 from ..virtio.ring import DescriptorChain, DeviceRing, RingError
 from ..virtio.ring_factory import RING_FEATURES
+from ..virtio.status import TRANSPORT_FEATURES
 from .commands import Command, CommandError, DecodeEnv, decode
-from .config import Va1Config
+from .config import DEFAULT_VIRTIO_FEATURES, Va1Config
 from .aspace import AddressSpace
 from .engine import CommandProcessor, Submission
 from .memory import DeviceMemory
@@ -35,9 +36,12 @@ from .requests import (CtrlRequest, SubmitRequest, bad_request_reply, ctrl_respo
 if TYPE_CHECKING:  # pragma: no cover
     from .card import AdminHandler
 
-OFFERED_FEATURES = (
-    1 << V.F_VERSION_1 | 1 << V.F_ACCESS_PLATFORM | RING_FEATURES
-    | 1 << va1.F_FP16 | 1 << va1.F_INT8 | 1 << va1.F_TIMESTAMP)
+BASE_FEATURES = (1 << V.F_VERSION_1 | 1 << V.F_ACCESS_PLATFORM
+                 | 1 << va1.F_FP16 | 1 << va1.F_INT8 | 1 << va1.F_TIMESTAMP)
+OFFERED_FEATURES = BASE_FEATURES | DEFAULT_VIRTIO_FEATURES
+"""What a function built with the default Va1Config offers."""
+ALL_FEATURES = BASE_FEATURES | RING_FEATURES | TRANSPORT_FEATURES
+"""Everything a function can be built to offer (PF-only bits aside)."""
 PF_ONLY_FEATURES = 1 << V.F_SR_IOV | 1 << V.F_ADMIN_VQ
 ADMIN_QUEUE_SIZE_MAX = 64
 ADMIN_CMD_MAX = 4096            # readable bytes of one admin command
@@ -92,6 +96,7 @@ class Va1Device(VirtioDevice):
         self.broken = False
         self.bus_master = True
         self._held: list[Callable[[], None]] = []
+        self._busy: dict[int, int] = {}   # controlq/adminq: requests taken, not answered
         self.fault_port = FaultPort(self)
 
     # --- VirtioDevice ----------------------------------------------------------------
@@ -105,7 +110,8 @@ class Va1Device(VirtioDevice):
         return va1.MMIO_VENDOR_ID
 
     def avail_features(self) -> int:
-        return OFFERED_FEATURES | (PF_ONLY_FEATURES if self.admin is not None else 0)
+        return (BASE_FEATURES | self.config.virtio_features
+                | (PF_ONLY_FEATURES if self.admin is not None else 0))
 
     def ack_features(self, features: int) -> None:
         self.acked_features = features & self.avail_features()
@@ -149,11 +155,20 @@ class Va1Device(VirtioDevice):
         self.tracer.emit("activate", features=self.acked_features)
 
     def notify(self, queue_index: int) -> None:
+        self._notified(queue_index, None)
+
+    def notify_data(self, queue_index: int, next_off: int, next_wrap: int) -> None:
+        """NOTIFICATION_DATA: the ring checks the claim before anything is taken."""
+        self._notified(queue_index, (next_off, next_wrap))
+
+    def _notified(self, queue_index: int, data: tuple[int, int] | None) -> None:
         if not self.active or self.broken or not 0 <= queue_index < len(self.queues):
             return
         if not self.queues[queue_index].ready:
             return
         try:
+            if data is not None:
+                self.queues[queue_index].check_notification(self.dma, *data)
             if queue_index == self.admin_queue_index:
                 if self._has(V.F_ADMIN_VQ):
                     self._drain_adminq(queue_index)
@@ -167,6 +182,33 @@ class Va1Device(VirtioDevice):
             self._break(e)
         except Exception as e:  # never into the guest's MMIO write
             self.processor.failed(e)
+
+    def reset_queue(self, queue_index: int) -> bool:
+        """RING_RESET (spec §4.7): the queue's work is dropped, never answered (the driver
+        completes it itself); the other queues go on. Refused with NEEDS_RESET: a queue
+        that is not enabled (queue/reset-not-enabled), the controlq or the admin queue
+        with requests in flight (queue/reset-busy)."""
+        if not self._live() or not 0 <= queue_index < len(self.queues):
+            return False
+        ring = self.queues[queue_index]
+        if not ring.ready:
+            self._break(RingError("queue/reset-not-enabled",
+                                  f"queue {queue_index} reset while not enabled"))
+            return False
+        if self._busy.get(queue_index):
+            self._break(RingError("queue/reset-busy",
+                                  f"queue {queue_index} reset with {self._busy[queue_index]} "
+                                  "requests in flight"))
+            return False
+        if queue_index in self.submitqs:
+            dropped = self.processor.drop_queue(queue_index)
+            self.tracer.emit("queue_dropped", queue=queue_index, submissions=dropped)
+        self.queues[queue_index] = _Disabled()
+        return True
+
+    def enable_queue(self, queue_index: int, ring: DeviceRing) -> None:
+        if self.active and 0 <= queue_index < len(self.queues):
+            self.queues[queue_index] = ring
 
     def set_bus_master(self, enabled: bool) -> None:
         """Off: the engines stop at their next command boundary (or before a host
@@ -200,6 +242,7 @@ class Va1Device(VirtioDevice):
             self.processor.reset()
         self.metrics.reset()
         self.contexts.clear()
+        self._busy.clear()
         self.queues = []
         self.interrupt = None
         self.active = False
@@ -244,8 +287,12 @@ class Va1Device(VirtioDevice):
         return True
 
     def _return_chain(self, qi: int, chain: DescriptorChain, reply: bytes) -> None:
-        """Write the reply, push the used entry and interrupt if the driver wants it."""
+        """Write the reply, push the used entry and interrupt if the driver wants it;
+        nothing for a chain of a ring that a RING_RESET replaced since."""
         q = self.queues[qi]
+        if chain.ring is not None and chain.ring is not q:
+            self.tracer.emit("stale_completion", queue=qi, head=chain.head)
+            return
         try:
             n = chain.write(self.dma, reply)
         except DmaFault as e:
@@ -263,6 +310,7 @@ class Va1Device(VirtioDevice):
                 raw = chain.read(self.dma, va1.CTX_MAP_REQ.size)
             except DmaFault as e:
                 raise RingError("ring/dma", f"controlq request: {e}") from None
+            self._busy[va1.CONTROLQ] = self._busy.get(va1.CONTROLQ, 0) + 1
             self.processor.schedule(self.config.cmd_overhead_ns,
                                     self._ctrl_callback(chain, raw), "va1-ctrl")
 
@@ -280,6 +328,7 @@ class Va1Device(VirtioDevice):
     def _ctrl_complete(self, chain: DescriptorChain, raw: bytes) -> None:
         if not self._live():
             return
+        self._busy[va1.CONTROLQ] -= 1
         reply = self._ctrl_execute(chain, raw)
         self._return_chain(va1.CONTROLQ, chain, reply)
 
@@ -445,6 +494,7 @@ class Va1Device(VirtioDevice):
                 raw = chain.read(self.dma, ADMIN_CMD_MAX)
             except DmaFault as e:
                 raise RingError("ring/dma", f"admin command: {e}") from None
+            self._busy[qi] = self._busy.get(qi, 0) + 1
             self.processor.schedule(self.config.cmd_overhead_ns,
                                     self._admin_callback(qi, chain, raw), "va1-admin")
 
@@ -454,6 +504,7 @@ class Va1Device(VirtioDevice):
             try:
                 if not self._live() or self.admin is None:
                     return
+                self._busy[qi] -= 1
                 reply = self.admin.admin_command(raw, chain.writable_len)
                 self._return_chain(qi, chain, reply)
             except RingError as e:
@@ -480,6 +531,28 @@ class Va1Device(VirtioDevice):
             return
         self._return_chain(va1.EVENTQ, chain, event)
         self.tracer.emit("event", type="CONTEXT_FAULT")
+
+
+class _Disabled:
+    """The ring of a queue reset by RING_RESET until it is enabled again: not ready,
+    nothing to take (DeviceRing)."""
+
+    ready = False
+
+    def pending(self, dma: object) -> int:
+        return 0
+
+    def pop(self, dma: object) -> DescriptorChain | None:
+        return None
+
+    def push_used(self, dma: object, head: int, length: int) -> None:
+        return None
+
+    def needs_interrupt(self, dma: object) -> bool:
+        return False
+
+    def check_notification(self, dma: object, next_off: int, next_wrap: int) -> None:
+        return None
 
 
 class FaultPort:

@@ -84,6 +84,7 @@ class _Run:
     timed_out: bool = False
     wait_first: int = -1          # first poll of the current WAIT
     wait_polls: int = 0
+    dropped: bool = False         # its queue was reset (RING_RESET): never goes on
 
 
 Prepare = Callable[[Submission], "tuple[Status, int, list[Command]]"]
@@ -142,6 +143,7 @@ class CommandProcessor:
         self.resume: list[_Run | None] = [None] * len(self.queues)
         self.busy = [False] * len(self.queues)
         self.sleeping = 0
+        self.sleepers: dict[int, _Run] = {}   # slot -> its run yielded in a WAIT
         self.hang_pending = 0     # fault port: commands still to hang (FaultPort)
         self._rr = 0
         self._last_ctx = -1
@@ -232,6 +234,30 @@ class CommandProcessor:
             q.clear()
             q.extend(keep)
         return taken
+
+    def drop_queue(self, queue: int) -> int:
+        """RING_RESET of one submit queue: its queued, running, preempted and waiting
+        submissions are dropped, never completed (the driver completes them); their
+        engines go back to the scheduler and the other queues go on. Returns how many."""
+        if queue not in self.queues:
+            return 0
+        slot = self.queues.index(queue)
+        dropped = len(self.pending[slot])
+        self.pending[slot].clear()
+        runs = [self.resume[slot], self.sleepers.get(slot)]
+        self.resume[slot] = None
+        for i, r in enumerate(self.engines):
+            if r is not None and r.proc is self and r.slot == slot:
+                self.engines[i] = None
+                self.fs.running -= 1
+                runs.append(r)
+        for r in runs:
+            if r is not None and not r.dropped:
+                r.dropped = True
+                dropped += 1
+        self.busy[slot] = False
+        self.dispatch()
+        return dropped
 
     def idle(self) -> bool:
         return not self.fs.running and not self.sleeping and not self.has_work()
@@ -347,8 +373,14 @@ class CommandProcessor:
         self.tracer.emit("wait_yield", queue=sub.queue, context=sub.req.context_id,
                          engine=sub.engine, until_ns=until)
 
+        self.sleepers[run.slot] = run
+
         def wake() -> None:
             self.sleeping -= 1
+            self.sleepers.pop(run.slot, None)
+            if run.dropped:
+                self.dispatch()
+                return
             if not self.fs.running and not self.has_work():
                 self.sched.became_active(self.fs)  # type: ignore[union-attr]
             self.busy[run.slot] = False
@@ -360,6 +392,8 @@ class CommandProcessor:
 
     def _step(self, run: _Run) -> None:
         """Apply every command whose end time nobody can observe yet; then wait."""
+        if run.dropped:
+            return
         epoch = self._epoch
         now = self.clock.now_ns()
         sub = run.sub
@@ -590,6 +624,8 @@ class CommandProcessor:
         return False
 
     def _finish(self, run: _Run) -> None:
+        if run.dropped:
+            return
         sub = run.sub
         if self.engines[sub.engine] is run:
             self.engines[sub.engine] = None

@@ -71,6 +71,23 @@ class VirtioDevice(ABC):
     def notify(self, queue_index: int) -> None:
         """The driver made buffers available on a ready queue. Never raises."""
 
+    def notify_data(self, queue_index: int, next_off: int, next_wrap: int) -> None:
+        """A notification with VIRTIO_F_NOTIFICATION_DATA: where the driver's next
+        available entry goes (split: the avail index's low 15 bits and bit 15; packed:
+        the descriptor offset and the wrap counter). Never raises. A device that does
+        not check the data treats it as a plain notification."""
+        self.notify(queue_index)
+
+    def reset_queue(self, queue_index: int) -> bool:
+        """VIRTIO_F_RING_RESET after DRIVER_OK: stop using queue `queue_index` and forget
+        its state; its buffers in flight are never given back. False when the device
+        refuses (it has set DEVICE_NEEDS_RESET, naming the rule broken). Never raises."""
+        return False
+
+    def enable_queue(self, queue_index: int, ring: DeviceRing) -> None:
+        """A queue reset by `reset_queue` was enabled again: serve `ring` on it."""
+        return None
+
     @abstractmethod
     def reset(self) -> None:
         """Forget all driver state; after return no DMA is issued (spec §8)."""

@@ -6,6 +6,7 @@ effect. Nothing a driver writes makes `read`/`write` raise.
 """
 from __future__ import annotations
 
+from hwspec import virtio as V
 from hwspec import virtio_mmio as R
 
 from ..ports import IrqLine, NullTracer, Tracer
@@ -101,6 +102,8 @@ class MmioTransport(TransportCore):
             return q.max_size if q is not None else 0
         if offset == R.QUEUE_READY:
             return int(q.ready) if q is not None else 0
+        if offset == R.QUEUE_RESET:
+            return 0  # a queue reset completes before the write returns
         if offset == R.INTERRUPT_STATUS:
             return self.interrupt_status
         if offset == R.STATUS:
@@ -133,7 +136,12 @@ class MmioTransport(TransportCore):
         elif offset in (R.QUEUE_NUM, R.QUEUE_READY) or offset in _QUEUE_ADDR:
             self._write_queue_reg(offset, value)
         elif offset == R.QUEUE_NOTIFY:
-            self._notify(value)
+            if self._has(V.F_NOTIFICATION_DATA):
+                self._notify(value & V.NOTIFY_DATA_VQN_MASK, value >> V.NOTIFY_DATA_OFF_SHIFT)
+            else:
+                self._notify(value)
+        elif offset == R.QUEUE_RESET:
+            self._reset_queue(value)
         elif offset == R.INTERRUPT_ACK:
             self.interrupt_status &= ~value
             self._set_irq()

@@ -17,6 +17,7 @@ import struct
 
 from hwspec import pci as P
 from hwspec import va1
+from hwspec import virtio as V
 from hwspec import virtio_admin as VA
 from hwspec import virtio_pci as VP
 
@@ -420,7 +421,9 @@ class VirtioPciFunction(TransportCore):
                     VP.COMMON_Q_AVAILLO: q.avail_ring, VP.COMMON_Q_AVAILHI: q.avail_ring,
                     VP.COMMON_Q_USEDLO: q.used_ring, VP.COMMON_Q_USEDHI: q.used_ring}[off]
             return addr >> 32 if off not in _QUEUE_ADDR_LO else addr & 0xFFFF_FFFF
-        return 0  # queue_notify_data / queue_reset: features not offered
+        if off == VP.COMMON_Q_RESET:
+            return 0  # a queue reset completes before the write returns
+        return 0  # queue_notify_data: VIRTIO_F_NOTIF_CONFIG_DATA is not offered
 
     def _common_write(self, off: int, size: int, value: int) -> None:
         if not self._common_size_ok(off, size, "write"):
@@ -450,10 +453,14 @@ class VirtioPciFunction(TransportCore):
         elif off in _QUEUE_WRITES:
             self._write_queue_reg(off, value)
         elif off == VP.COMMON_Q_RESET:
-            self._violation("queue/reset-not-negotiated",
-                            f"queue_reset written for queue {self.queue_sel}")
+            self._reset_queue(value)
         # device_feature, num_queues, config_generation, queue_notify_off and
         # queue_notify_data are read-only: writes ignored
+
+    def _queue_was_reset(self, index: int) -> None:
+        """A queue reset puts its vector back to NO_VECTOR (its reset value)."""
+        if 0 <= index < self.queue_capacity:
+            self.queue_vectors[index] = VP.MSI_NO_VECTOR
 
     def _vector(self, value: int, what: str) -> int:
         """A vector outside the MSI-X table reads back NO_VECTOR (virtio 1.x §4.1.5.1.2)."""
@@ -485,14 +492,22 @@ class VirtioPciFunction(TransportCore):
 
     def _notify_write(self, off: int, size: int, value: int) -> None:
         """Notify address of queue i = notify base + i * notify_off_multiplier; the
-        value written is the queue index (16 bits; NOTIFICATION_DATA not offered)."""
+        value written is the queue index (16 bits), or with NOTIFICATION_DATA the le32
+        {vqn, next_off, next_wrap} (virtio 1.x §4.1.5.2)."""
         if size not in (2, 4) or off % self.notify_multiplier:
             self._violation("pci/access-size", f"{size}-byte notify write at {off:#x}")
             return
         index = off // self.notify_multiplier
-        if value & 0xFFFF != index:
+        if value & V.NOTIFY_DATA_VQN_MASK != index:
             self._violation("notify/value", f"value {value:#x} written to the notify "
                             f"address of queue {index}")
+            return
+        if self._has(V.F_NOTIFICATION_DATA):
+            if size != 4:
+                self._violation("notify/data-width", f"{size}-byte notify of queue {index} "
+                                "with VIRTIO_F_NOTIFICATION_DATA (le32 expected)")
+                return
+            self._notify(index, value >> V.NOTIFY_DATA_OFF_SHIFT)
             return
         self._notify(index)
 

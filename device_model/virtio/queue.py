@@ -27,3 +27,6 @@ class Queue:
         self.desc_table = 0
         self.avail_ring = 0
         self.used_ring = 0
+        # RING_RESET: reset on its own after DRIVER_OK; its registers may be written
+        # again until it is re-enabled
+        self.queue_reset = False

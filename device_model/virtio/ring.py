@@ -38,6 +38,7 @@ class DescriptorChain:
     head: int
     readable: list[Descriptor] = field(default_factory=list)
     writable: list[Descriptor] = field(default_factory=list)
+    ring: object | None = None   # the ring that gave it out (a RING_RESET makes another)
 
     @property
     def readable_len(self) -> int:
@@ -104,4 +105,10 @@ class DeviceRing(Protocol):
 
     def needs_interrupt(self, dma: DmaPort) -> bool:
         """After pushing used entries: should the driver be interrupted?"""
+        ...
+
+    def check_notification(self, dma: DmaPort, next_off: int, next_wrap: int) -> None:
+        """VIRTIO_F_NOTIFICATION_DATA: the driver's notification says where its next
+        available entry goes; raise RingError (notify/data) when the ring does not
+        hold that."""
         ...

@@ -14,6 +14,7 @@ from hwspec import virtio as V
 
 from ..ports import DmaFault, DmaPort
 from ..testing_breaks import BREAKS
+from .in_order import UsedOrder
 from .queue import Queue
 from .ring import Descriptor, DescriptorChain, RingError
 
@@ -33,7 +34,8 @@ class SplitRing:
     """One split virtqueue's device side: its registers, frozen at DRIVER_OK, and the
     device's indices."""
 
-    def __init__(self, queue: Queue, *, indirect: bool, event_idx: bool) -> None:
+    def __init__(self, queue: Queue, *, indirect: bool, event_idx: bool,
+                 in_order: bool = False) -> None:
         self.size = queue.size
         self.ready = queue.ready
         self.desc_table = queue.desc_table
@@ -41,9 +43,12 @@ class SplitRing:
         self.used_ring = queue.used_ring
         self.event_idx = event_idx
         self.indirect = indirect
+        self.in_order = in_order
         self.last_avail_idx = 0
         self.next_used_idx = 0
         self._signalled_used = 0
+        self._order = UsedOrder() if in_order else None
+        self._next_desc = 0     # IN_ORDER: the descriptor the next chain must start at
 
     @staticmethod
     def alignment_ok(queue: Queue) -> bool:
@@ -128,10 +133,26 @@ class SplitRing:
         head = int.from_bytes(raw, "little")
         if head >= self.size and not (BREAKS and "ring/skip-index-range" in BREAKS):
             raise RingError("ring/head-range", f"head {head} >= queue size {self.size}")
+        if self._order is not None and head != self._next_desc:
+            raise RingError("ring/in-order-desc", f"head {head}: with IN_ORDER the next "
+                            f"chain starts at descriptor {self._next_desc}")
         chain = self._walk(dma, head)
+        if self._order is not None:
+            self._order.taken(head, chain.writable_len)
         self.last_avail_idx = (self.last_avail_idx + 1) & 0xFFFF
         self.publish_avail_event(dma)
+        chain.ring = self
         return chain
+
+    def check_notification(self, dma: DmaPort, next_off: int, next_wrap: int) -> None:
+        """NOTIFICATION_DATA: the notified avail index (next_off | next_wrap << 15) lies
+        between the device's next entry and avail.idx (notify/data)."""
+        claim = (next_off | next_wrap << 15) & 0xFFFF
+        avail = self.avail_idx(dma)
+        ahead = (claim - self.last_avail_idx) & 0xFFFF
+        if ahead > (avail - self.last_avail_idx) & 0xFFFF:
+            raise RingError("notify/data", f"notified avail index {claim}, but avail.idx is "
+                            f"{avail} and the device is at {self.last_avail_idx}")
 
     def _walk(self, dma: DmaPort, head: int) -> DescriptorChain:
         chain = DescriptorChain(head)
@@ -187,19 +208,34 @@ class SplitRing:
                     raise RingError("ring/dma", f"descriptor {idx} buffer: {e}") from None
             (chain.writable if write else chain.readable).append(Descriptor(addr, length, write))
             if not flags & V.DESC_F_NEXT:
+                if self._order is not None:
+                    self._next_desc = ((head if in_indirect else idx) + 1) % self.size
                 return chain
             if nxt >= entries and not (BREAKS and "ring/skip-index-range" in BREAKS):
                 raise RingError("ring/next-range", f"descriptor {idx}: next {nxt} >= {entries}")
+            if self._order is not None and not in_indirect and nxt != (idx + 1) % entries:
+                raise RingError("ring/in-order-desc", f"descriptor {idx}: next {nxt}, with "
+                                f"IN_ORDER it is {(idx + 1) % entries}")
             idx = nxt
 
     # --- used ring -------------------------------------------------------------------
 
     def push_used(self, dma: DmaPort, head: int, length: int) -> None:
-        """Return a chain: write the used element, then publish used.idx."""
+        """Return a chain: write the used element, then publish used.idx. With IN_ORDER
+        the chain goes back once every chain before it has, a run of them as one batch:
+        one element (the last chain's id and length) at the batch's first slot, used.idx
+        moved by the batch size (virtio 1.x §2.7.9)."""
+        if self._order is None:
+            self._write_used(dma, head, length, 1)
+            return
+        for ids, n in self._order.finish(head, length):
+            self._write_used(dma, ids[-1], n, len(ids))
+
+    def _write_used(self, dma: DmaPort, head: int, length: int, count: int) -> None:
         slot = self.next_used_idx % self.size
         elem = self.used_ring + V.USED_HEADER + _USED_ELEM_SIZE * slot
         self._write(dma, elem, struct.pack(_USED_ELEM_FMT, head, length), "used.ring")
-        self.next_used_idx = (self.next_used_idx + 1) & 0xFFFF
+        self.next_used_idx = (self.next_used_idx + count) & 0xFFFF
         self._write(dma, self.used_ring + 2, self.next_used_idx.to_bytes(2, "little"),
                     "used.idx")
 

@@ -15,9 +15,11 @@ from hwspec import virtio as V
 from ..ports import Tracer
 from ..testing_breaks import BREAKS
 from .device import VirtioDevice
-from .queue import Queue, is_power_of_two
-from .ring_factory import make_device_ring, ring_alignment_ok
+from .queue import Queue
+from .ring_factory import make_device_ring, ring_alignment_ok, ring_size_ok
 
+TRANSPORT_FEATURES = 1 << V.F_NOTIFICATION_DATA | 1 << V.F_RING_RESET
+"""Feature bits the transports implement (a device offers these with its own)."""
 DRIVER_STATUS_BITS = (V.STATUS_ACKNOWLEDGE | V.STATUS_DRIVER | V.STATUS_FEATURES_OK
                       | V.STATUS_DRIVER_OK | V.STATUS_FAILED)
 
@@ -129,7 +131,7 @@ class TransportCore:
                             f"{self._QUEUE_REG_NAME} {reg:#x} written with "
                             f"{self._QUEUE_SEL_NAME}={self.queue_sel}")
             return None
-        if self.status & V.STATUS_DRIVER_OK:
+        if self.status & V.STATUS_DRIVER_OK and not q.queue_reset:
             self._violation("queue/after-driver-ok",
                             f"{self._QUEUE_REG_NAME} {reg:#x} of queue {self.queue_sel} "
                             "after DRIVER_OK")
@@ -137,7 +139,7 @@ class TransportCore:
         return q
 
     def _set_queue_size(self, q: Queue, value: int) -> None:
-        if value == 0 or value > q.max_size or not is_power_of_two(value):
+        if value == 0 or value > q.max_size or not ring_size_ok(self._ring_features(), value):
             self._violation("queue/size", f"{self._QUEUE_SIZE_NAME} {value} for queue "
                             f"{self.queue_sel} (max {q.max_size})")
             return
@@ -155,6 +157,52 @@ class TransportCore:
                             f"{q.avail_ring:#x} device {q.used_ring:#x}")
             return
         q.ready = True
+        if q.queue_reset and self.status & V.STATUS_DRIVER_OK:
+            # RING_RESET re-enable: the device takes the queue's new ring now
+            q.queue_reset = False
+            self.tracer.emit("queue_enable", queue=self.queue_sel)
+            if not self._needs_reset and not self.status & V.STATUS_FAILED:
+                self.device.enable_queue(self.queue_sel,
+                                         make_device_ring(self.acked_features, q))
+
+    def _has(self, feature: int) -> bool:
+        return bool(self._ring_features() >> feature & 1)
+
+    def _reset_queue(self, value: int) -> None:
+        """queue_reset / QueueReset written (virtio 1.x §2.6.1, §4.1.4.3, §4.2.2): 1
+        resets the selected queue alone; the reset is done when the write returns (the
+        register reads 0, and so does the queue's enable)."""
+        if not self._has(V.F_RING_RESET):
+            self._violation("queue/reset-not-negotiated",
+                            f"queue reset written for queue {self.queue_sel}")
+            return
+        q = self._selected()
+        if q is None:
+            self._violation("queue/bad-select",
+                            f"queue reset written with {self._QUEUE_SEL_NAME}={self.queue_sel}")
+            return
+        if value != 1:
+            self._violation("queue/reset-value", f"queue reset = {value} for queue "
+                            f"{self.queue_sel} (only 1 may be written)")
+            return
+        if not self.status & V.STATUS_DRIVER_OK:
+            if not q.ready:
+                self._violation("queue/reset-not-enabled",
+                                f"queue {self.queue_sel} reset before it was enabled")
+                return
+            q.reset()
+            return
+        if self._needs_reset or self.status & V.STATUS_FAILED:
+            return  # the function is stopped until reset
+        if self.device.reset_queue(self.queue_sel):
+            q.reset()
+            q.queue_reset = True
+            self._queue_was_reset(self.queue_sel)
+            self.tracer.emit("queue_reset", queue=self.queue_sel)
+
+    def _queue_was_reset(self, index: int) -> None:
+        """Transport state of one queue back to its reset value (virtio-pci: its MSI-X
+        vector)."""
 
     @staticmethod
     def _set_queue_addr(q: Queue, attr: str, value: int, part: str) -> None:
@@ -175,7 +223,9 @@ class TransportCore:
         """Transport-specific notification rules (checked after the queue rules)."""
         return True
 
-    def _notify(self, index: int) -> None:
+    def _notify(self, index: int, data: int | None = None) -> None:
+        """A driver notification of queue `index`; `data`, with NOTIFICATION_DATA, the
+        16 bits after the queue index (next_off, next_wrap)."""
         q = self.queues[index] if self._queue_ok(index) else None
         if q is None or not q.ready:
             self._violation("queue/not-ready",
@@ -188,7 +238,12 @@ class TransportCore:
             return
         if self._needs_reset or self.status & V.STATUS_FAILED:
             return  # the function is stopped until reset
-        self.device.notify(index)
+        if data is None:
+            self.device.notify(index)
+        else:
+            self.device.notify_data(index, data & V.NOTIFY_DATA_OFF_MASK,
+                                    data >> (V.NOTIFY_DATA_WRAP_SHIFT - V.NOTIFY_DATA_OFF_SHIFT)
+                                    & 1)
 
     # --- device status -----------------------------------------------------------------
 

@@ -33,7 +33,7 @@ from hwspec import virtio as V
 from hwspec.layout import Layout
 
 from ..errors import GuestDriverError
-from ..params import DriverParams
+from ..params import DEFAULT_OPTIONAL, FEATURE_NAMES, OPTIONAL_FEATURES, DriverParams
 from ..kernel import GuestKernel, KernelTimer, PlatformDevice
 from ..mm import AllocError, PageAllocator
 from ..pci import PciError
@@ -46,7 +46,7 @@ from ..virtio.ring_factory import RING_FEATURES, make_driver_ring, ring_features
 from .devmem import DeviceMemory
 from .fence import Fence, FenceTimeline
 
-WANTED_FEATURES = ((1 << V.F_VERSION_1) | (1 << V.F_ACCESS_PLATFORM) | RING_FEATURES
+WANTED_FEATURES = ((1 << V.F_VERSION_1) | (1 << V.F_ACCESS_PLATFORM) | DEFAULT_OPTIONAL
                    | (1 << A.F_FP16) | (1 << A.F_INT8) | (1 << A.F_TIMESTAMP))
 REQUIRED_FEATURES = 1 << V.F_VERSION_1
 PF_FEATURES = (1 << V.F_SR_IOV) | (1 << V.F_ADMIN_VQ)  # only ever accepted on a PF
@@ -149,19 +149,26 @@ class VA1Device:
     def __init__(self, kernel: GuestKernel, dev: PlatformDevice | VirtioTransport,
                  alloc: PageAllocator, name: str, admin: bool = False, *,
                  params: DriverParams | None = None, poll_ns: int | None = None,
-                 watchdog_ns: int | None = None) -> None:
+                 watchdog_ns: int | None = None, optional: int | None = None) -> None:
         """`dev` is a virtio-mmio platform device or any ready-made transport. `admin`:
         this is an SR-IOV PF (virtio-pci only): accept SR_IOV and ADMIN_VQ if offered.
         `params`: what the driver was loaded with (the kernel command line's); `poll_ns`,
         `watchdog_ns` override its recovery timer's period and submission watchdog's
-        bound (virtual ns, > 0)."""
+        bound (virtual ns, > 0), `optional` the optional features (OPTIONAL_FEATURES
+        bits) it may accept."""
         params = params or DriverParams()
         poll_ns = params.poll_ns if poll_ns is None else poll_ns
         watchdog_ns = params.watchdog_ns if watchdog_ns is None else watchdog_ns
+        optional = params.optional if optional is None else optional
         self.breaks = params.breaks
         if poll_ns <= 0 or watchdog_ns <= 0:
             raise ValueError(f"poll_ns ({poll_ns}) and watchdog_ns ({watchdog_ns}) must "
                              "be > 0")
+        if optional is not None and optional & ~OPTIONAL_FEATURES:
+            raise ValueError(f"optional features {optional:#x}: bits "
+                             f"{optional & ~OPTIONAL_FEATURES:#x} are not optional features "
+                             "this driver can use")
+        self.optional = optional
         self.kernel = kernel
         self.pdev: PlatformDevice | None = None
         self.transport: VirtioTransport
@@ -211,6 +218,7 @@ class VA1Device:
         self.polled_completions = 0    # completions those polls reaped
         self.watchdog_fires = 0        # submit queues that made no progress in time
         self.external_resets = 0       # resets the driver found done behind its back
+        self.queue_resets = 0          # RING_RESET of one queue (watchdog or asked for)
 
     # ================================================================== bring-up
     def probe(self) -> None:
@@ -261,7 +269,8 @@ class VA1Device:
             t.reset()
         t.add_status(V.STATUS_ACKNOWLEDGE)
         t.add_status(V.STATUS_DRIVER)
-        wanted = WANTED_FEATURES | (PF_FEATURES if self.want_admin else 0)
+        wanted = ((WANTED_FEATURES & ~OPTIONAL_FEATURES) | self.optional
+                  | (PF_FEATURES if self.want_admin else 0))
         self.features = t.negotiate(wanted, REQUIRED_FEATURES)
         cfg = t.read_config(A.CONFIG)
         nsq = cfg["num_submit_queues"]
@@ -407,7 +416,7 @@ class VA1Device:
     def _kick(self, q: _Queue) -> None:
         if q.ring.kick_prepare():
             self._trace("kick", queue=q.index)
-            self.transport.notify(q.index)
+            self.transport.notify(q.index, q.ring.notification_data())
 
     def _wait(self, cond: Callable[[], bool], timeout_ns: int | None, what: str,
               **fields: object) -> bool:
@@ -685,8 +694,12 @@ class VA1Device:
             self._reap_all()
         if self.generation != gen or not self.ready or q.progress_ns > now - stall:
             return
-        self.recover(f"watchdog: submit queue {q.index - A.FIRST_SUBMITQ} made no progress "
-                     f"in {stall} ns")
+        why = (f"watchdog: submit queue {q.index - A.FIRST_SUBMITQ} made no progress "
+               f"in {stall} ns")
+        if self.features >> V.F_RING_RESET & 1:
+            self._reset_ring(q, why)   # that queue alone; contexts and other queues go on
+            return
+        self.recover(why)
 
     def _external_reset(self) -> str | None:
         """Whether the function was reset by someone else while the driver had it at
@@ -743,17 +756,26 @@ class VA1Device:
         finally:
             self._recovering = False
 
+    @staticmethod
+    def _abort_requests(tokens: Sequence[_Token]) -> list[_Submission]:
+        """Requests taken back from a ring that was reset: control requests complete
+        ABORTED now; the submissions are returned for their fences to be signalled
+        ABORTED once the driver's state is consistent again."""
+        aborted: list[_Submission] = []
+        for token in tokens:
+            if isinstance(token, _CtrlRequest):
+                token.aborted = True
+                token.status = int(A.Status.ABORTED)
+                token.done = True
+            elif isinstance(token, _Submission):
+                aborted.append(token)
+        return aborted
+
     def _abort_in_flight(self) -> None:
         """After a reset: every request in flight completes ABORTED, exactly once."""
         aborted: list[_Submission] = []
         for q in self._queues:
-            for token in q.ring.drain():
-                if isinstance(token, _CtrlRequest):
-                    token.aborted = True
-                    token.status = int(A.Status.ABORTED)
-                    token.done = True
-                elif isinstance(token, _Submission):
-                    aborted.append(token)
+            aborted += self._abort_requests(q.ring.drain())
         if self.admin is not None:
             self.admin.abort()
         for q in self._queues:
@@ -775,6 +797,56 @@ class VA1Device:
     def reset(self, reason: str = "requested") -> None:
         self.check_alive()
         self.recover(reason)
+
+    # ================================================================== queue reset
+    def reset_queue(self, queue: int, reason: str = "requested") -> None:
+        """VIRTIO_F_RING_RESET: reset submit queue `queue` alone and set it up again; its
+        fences in flight complete ABORTED exactly once, the other queues and every
+        context go on. Raises VA1Error: EOPNOTSUPP (not negotiated), EINVAL (no such
+        queue), ENODEV (dead)."""
+        self.check_alive()
+        if not self.features >> V.F_RING_RESET & 1:
+            raise VA1Error(errno.EOPNOTSUPP, f"{self.name}: VIRTIO_F_RING_RESET was not "
+                                             "negotiated")
+        if not 0 <= queue < self.num_submit_queues:
+            raise VA1Error(errno.EINVAL, f"submit queue {queue} out of range "
+                                         f"0..{self.num_submit_queues - 1}")
+        self._reset_ring(self._queues[A.FIRST_SUBMITQ + queue], reason)
+
+    def _reset_ring(self, q: _Queue, reason: str) -> None:
+        """Reset one queue through the transport, take its requests back, re-create its
+        ring and enable it again; anything the device refuses becomes a full recovery."""
+        self.queue_resets += 1
+        self._trace("queue_reset", queue=q.index, reason=reason, in_flight=q.outstanding)
+        try:
+            status = self.transport.read_status()
+            if status & V.STATUS_DEVICE_NEEDS_RESET:
+                self.recover(f"queue {q.index} reset ({reason}): device set "
+                             f"DEVICE_NEEDS_RESET (status {status:#x})")
+                return
+            self.transport.reset_queue(q.index)
+        except (TransportError, PciError) as e:
+            self.recover(f"queue {q.index} reset ({reason}) failed: {e}")
+            return
+        aborted = self._abort_requests(q.ring.drain())
+        self._outstanding -= q.outstanding
+        q.outstanding, q.suspect = 0, -1
+        if self._outstanding == 0:
+            self._cancel_timer()
+        q.ring.reset()
+        q.reset_slots()
+        try:
+            self.transport.reenable_queue(q.index, q.ring.num, q.ring.desc_addr,
+                                          q.ring.driver_addr, q.ring.device_addr)
+            q.ring.enable_interrupts()
+            if q.index == A.EVENTQ:
+                for _ in range(q.ring.num):
+                    self._post_event_buffer(q)
+                self._kick(q)
+        except (TransportError, PciError) as e:
+            self.recover(f"queue {q.index} could not be enabled after its reset: {e}")
+        for sub in aborted:
+            sub.ctx.timeline.signal(sub.fence, A.Status.ABORTED)
 
     def remove(self) -> None:
         """Unbind: reset (no DMA after it), abort what is in flight, give back the

@@ -85,7 +85,7 @@ class AdminQueue:
 
     def __init__(self, kernel: GuestKernel, alloc: PageAllocator, index: int, num: int, *,
                  features: int, name: str,
-                 notify: Callable[[int], None],
+                 notify: Callable[[int, int | None], None],
                  on_timeout: Callable[[str], None],
                  check_alive: Callable[[], None]) -> None:
         self.kernel = kernel
@@ -187,7 +187,7 @@ class AdminQueue:
         self.kernel.trace.emit("admin_cmd", dev=self.name, opcode=opcode, member=member,
                                group_type=group_type)
         if self.ring.kick_prepare():
-            self._notify(self.index)
+            self._notify(self.index, self.ring.notification_data())
         ok = cmd.done or sched.wait_until(lambda: cmd.done, timeout_ns,
                                           f"{self.name} admin {what}")
         if not ok:

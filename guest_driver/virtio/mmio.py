@@ -13,8 +13,8 @@ from hwspec import virtio_mmio as R
 from hwspec.layout import Layout
 
 from ..kernel import IrqChip, MmioAccessor
-from .transport import (FeaturesRefused, InterruptHandler, ProbeError, TransportError,
-                        check_queue_size)
+from .transport import (RESET_QUEUE_POLL_LIMIT, FeaturesRefused, InterruptHandler,
+                        ProbeError, TransportError, check_queue_size, notify_value)
 from .transport import negotiate as _negotiate
 
 __all__ = ["VirtioMmio", "TransportError", "ProbeError", "FeaturesRefused"]
@@ -131,8 +131,22 @@ class VirtioMmio:
             self._wr(low + 4, addr >> 32)
         self._wr(R.QUEUE_READY, 1)
 
-    def notify(self, index: int) -> None:
-        self._wr(R.QUEUE_NOTIFY, index)
+    def notify(self, index: int, data: int | None = None) -> None:
+        self._wr(R.QUEUE_NOTIFY, notify_value(index, data))
+
+    def reset_queue(self, index: int) -> None:
+        """QueueReset = 1, then read until both QueueReset and QueueReady read 0."""
+        self._wr(R.QUEUE_SEL, index)
+        self._wr(R.QUEUE_RESET, 1)
+        for _ in range(RESET_QUEUE_POLL_LIMIT):
+            if self._rd(R.QUEUE_RESET) == 0 and self._rd(R.QUEUE_READY) == 0:
+                return
+        raise TransportError(f"virtio-mmio@{self.base:#x}: queue {index} reset did not "
+                             f"complete ({RESET_QUEUE_POLL_LIMIT} reads)")
+
+    def reenable_queue(self, index: int, num: int, desc: int, driver: int,
+                       device: int) -> None:
+        self.setup_queue(index, num, desc, driver, device)
 
     # ---- interrupts -----------------------------------------------------------------------
     def setup_interrupts(self, queues: Sequence[int], handler: InterruptHandler,

@@ -26,8 +26,8 @@ from hwspec.layout import Layout
 
 from ..kernel import GuestKernel
 from ..pci import MsixVectors, PciError, PciFunction, enable_device, parse_msix
-from .transport import (FeaturesRefused, InterruptHandler, ProbeError, TransportError,
-                        check_queue_size)
+from .transport import (RESET_QUEUE_POLL_LIMIT, FeaturesRefused, InterruptHandler,
+                        ProbeError, TransportError, check_queue_size, notify_value)
 from .transport import negotiate as _negotiate
 
 __all__ = ["VirtioPci", "VirtioPciCap", "TransportError", "ProbeError", "FeaturesRefused"]
@@ -36,7 +36,8 @@ RESET_POLL_LIMIT = 1000
 CONFIG_GENERATION_RETRIES = 100
 NUM_BARS_VIRTIO = 6          # cap.bar 0..5 name a BAR; other values are reserved
 COMMON_CFG_MIN = VP.COMMON_Q_USEDHI + 4  # up to queue_device_hi: what this driver uses
-NOTIFY_WIDTH = 2             # the queue index, 16 bits (no NOTIFICATION_DATA)
+NOTIFY_WIDTH = 2             # the queue index, 16 bits
+NOTIFY_DATA_WIDTH = 4        # with NOTIFICATION_DATA: le32 {vqn, next_off, next_wrap}
 MODE_PER_QUEUE = "per-queue"
 MODE_SHARED = "shared"
 
@@ -82,6 +83,7 @@ class VirtioPci:
         self._queues: tuple[int, ...] = ()
         self._handler: InterruptHandler | None = None
         self.admin_queues: tuple[int, ...] = ()
+        self.features = 0    # accepted at the last negotiation
         self.config_shared: tuple[int, ...] = ()  # queues whose vector is the config one
 
     # ---- identification -----------------------------------------------------------
@@ -200,7 +202,8 @@ class VirtioPci:
             self._wr(VP.COMMON_GF, (features >> (32 * sel)) & 0xFFFFFFFF)
 
     def negotiate(self, wanted: int, required: int = 1 << V.F_VERSION_1) -> int:
-        return _negotiate(self, wanted, required)
+        self.features = _negotiate(self, wanted, required)
+        return self.features
 
     # ---- admin queues (VIRTIO_F_ADMIN_VQ) ----------------------------------------------------
     def admin_queue_info(self) -> tuple[int, int]:
@@ -249,14 +252,45 @@ class VirtioPci:
         cap = self.notify_cap
         assert cap is not None
         rel = notify_off * self.notify_multiplier
-        if rel + NOTIFY_WIDTH > cap.length:
+        width = (NOTIFY_DATA_WIDTH if self.features >> V.F_NOTIFICATION_DATA & 1
+                 else NOTIFY_WIDTH)
+        if rel + width > cap.length:
             raise TransportError(f"{self.name}: queue {index} notify offset {notify_off} x "
                                  f"multiplier {self.notify_multiplier} = {rel:#x} is outside "
                                  f"the notify area of {cap.length:#x} bytes")
         return cap.address + rel
 
-    def notify(self, index: int) -> None:
-        self.mmio.write(self.notify_addr[index], NOTIFY_WIDTH, index)
+    def notify(self, index: int, data: int | None = None) -> None:
+        if data is None:
+            self.mmio.write(self.notify_addr[index], NOTIFY_WIDTH, index)
+        else:
+            self.mmio.write(self.notify_addr[index], NOTIFY_DATA_WIDTH,
+                            notify_value(index, data))
+
+    def reset_queue(self, index: int) -> None:
+        """queue_reset = 1 (virtio 1.x §4.1.4.3.1), then read until queue_reset and
+        queue_enable both read 0."""
+        self._wr(VP.COMMON_Q_SELECT, index)
+        self._wr(VP.COMMON_Q_RESET, 1)
+        for _ in range(RESET_QUEUE_POLL_LIMIT):
+            if self._rd(VP.COMMON_Q_RESET) == 0 and self._rd(VP.COMMON_Q_ENABLE) == 0:
+                return
+        raise TransportError(f"{self.name}: queue {index} reset did not complete "
+                             f"({RESET_QUEUE_POLL_LIMIT} reads)")
+
+    def reenable_queue(self, index: int, num: int, desc: int, driver: int,
+                       device: int) -> None:
+        """The reset put the queue's vector back to NO_VECTOR: route it again (read
+        back), then program and enable the queue."""
+        vector = self.vectors.get(index)
+        if vector is not None:
+            self._wr(VP.COMMON_Q_SELECT, index)
+            self._wr(VP.COMMON_Q_MSIX, vector)
+            got = self._rd(VP.COMMON_Q_MSIX)
+            if got != vector:
+                raise TransportError(f"{self.name}: device refused MSI-X vector {vector} for "
+                                     f"queue {index} after its reset (read {got:#x})")
+        self.setup_queue(index, num, desc, driver, device)
 
     # ---- interrupts ------------------------------------------------------------------------
     def setup_interrupts(self, queues: Sequence[int], handler: InterruptHandler,

@@ -68,6 +68,11 @@ class DriverRing(Protocol[T]):
         """Whether the device must be notified of what was added since the last call."""
         ...
 
+    def notification_data(self) -> int | None:
+        """With NOTIFICATION_DATA, the 16 bits a notification carries after the queue
+        index (where the next request goes); None without it."""
+        ...
+
     def has_used(self) -> bool: ...
 
     def get_used(self) -> list[tuple[T, int]]:

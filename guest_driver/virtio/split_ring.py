@@ -9,6 +9,7 @@ record: a bad entry sets `broken` to a named reason instead of crashing or hangi
 from __future__ import annotations
 
 import struct
+from collections import deque
 from typing import Generic, Sequence, TypeVar
 
 from hwspec import virtio as V
@@ -57,14 +58,19 @@ class SplitQueue(Generic[T]):
     """One split virtqueue: descriptor free list, avail publication, used reaping."""
 
     def __init__(self, memory: PhysMemory, alloc: RangeAllocator, index: int, num: int, *,
-                 indirect: bool, event_idx: bool, max_indirect: int = 8) -> None:
+                 indirect: bool, event_idx: bool, in_order: bool = False,
+                 notification_data: bool = False, max_indirect: int = 8) -> None:
         self.memory = memory
         self.index = index
         self.num = num
         self.indirect = indirect
         self.event_idx = event_idx
+        self.in_order = in_order
+        self.notify_with_data = notification_data
         self.features = ((1 << V.F_RING_INDIRECT_DESC if indirect else 0)
-                         | (1 << V.F_RING_EVENT_IDX if event_idx else 0))
+                         | (1 << V.F_RING_EVENT_IDX if event_idx else 0)
+                         | (1 << V.F_IN_ORDER if in_order else 0)
+                         | (1 << V.F_NOTIFICATION_DATA if notification_data else 0))
         self.max_indirect = max_indirect if indirect else 0
         self.layout = RingLayout(num, self.max_indirect)
         self._alloc = alloc
@@ -74,6 +80,8 @@ class SplitQueue(Generic[T]):
         self._ring = memory.view(self.base, self.layout.total).data.cast("B")
         self.broken: str | None = None
         self._free: list[int] = []
+        self._ring_order: deque[int] = deque()   # IN_ORDER: free descriptors, ring order
+        self._heads: deque[int] = deque()        # IN_ORDER: heads in the order made available
         self._tokens: list[T | None] = []
         self._chains: list[tuple[int, ...]] = []
         self._wcap: list[int] = []
@@ -100,6 +108,8 @@ class SplitQueue(Generic[T]):
         """Forget everything (after a device reset; tokens must have been drained)."""
         self.memory.write(self.base, bytes(self.layout.total))
         self._free = list(range(self.num - 1, -1, -1))  # pop() hands out 0, 1, 2, ...
+        self._ring_order = deque(range(self.num))      # IN_ORDER: 0, 1, 2, ... wrapping
+        self._heads = deque()
         self._tokens = [None] * self.num
         self._chains = [()] * self.num
         self._wcap = [0] * self.num
@@ -114,7 +124,18 @@ class SplitQueue(Generic[T]):
 
     @property
     def num_free(self) -> int:
-        return len(self._free)
+        return len(self._ring_order) if self.in_order else len(self._free)
+
+    def _take(self) -> int:
+        """A free descriptor: the lowest free one, or with IN_ORDER the next in ring order
+        (virtio 1.x §2.7.9: the driver uses descriptors in ring order)."""
+        return self._ring_order.popleft() if self.in_order else self._free.pop()
+
+    def _give_back(self, chain: tuple[int, ...]) -> None:
+        if self.in_order:
+            self._ring_order.extend(chain)
+        else:
+            self._free.extend(reversed(chain))
 
     def descs_needed(self, nsegs: int) -> int:
         return 1 if self._use_indirect(nsegs) else nsegs
@@ -133,14 +154,14 @@ class SplitQueue(Generic[T]):
         if len(segs) > self.num and not self._use_indirect(len(segs)):
             raise ValueError(f"{len(segs)} segments cannot fit queue {self.index} of {self.num}")
         need = self.descs_needed(len(segs))
-        if need > len(self._free):
+        if need > self.num_free:
             raise QueueFull(f"queue {self.index}: {need} descriptors needed, "
-                            f"{len(self._free)} free")
+                            f"{self.num_free} free")
         ring = self._ring
         lay = self.layout
         dsize = V.DESC.size
         if self._use_indirect(len(segs)):
-            head = self._free.pop()
+            head = self._take()
             chain: tuple[int, ...] = (head,)
             toff = lay.indirect + head * lay.indirect_stride
             for i, (addr, length, flags) in enumerate(segs):
@@ -150,7 +171,7 @@ class SplitQueue(Generic[T]):
             _DESC.pack_into(ring, lay.desc + head * dsize, self.base + toff,
                             dsize * len(segs), V.DESC_F_INDIRECT, 0)
         else:
-            ids = [self._free.pop() for _ in segs]
+            ids = [self._take() for _ in segs]
             chain = tuple(ids)
             head = ids[0]
             for i, (addr, length, flags) in enumerate(segs):
@@ -162,6 +183,8 @@ class SplitQueue(Generic[T]):
         self._chains[head] = chain
         self._wcap[head] = sum(n for _, n in writable)
         self.in_flight += 1
+        if self.in_order:
+            self._heads.append(head)
         slot = self.avail_idx % self.num
         _U16.pack_into(ring, lay.avail_ring + V.AVAIL_ELEM * slot, head)
         self.avail_idx = (self.avail_idx + 1) & 0xFFFF
@@ -179,6 +202,11 @@ class SplitQueue(Generic[T]):
             return vring_need_event(event, new, old)
         (flags,) = _U16.unpack_from(self._ring, self.layout.used)
         return not flags & V.USED_F_NO_NOTIFY
+
+    def notification_data(self) -> int | None:
+        """NOTIFICATION_DATA: the avail index (next_off: its 15 low bits, next_wrap: bit
+        15), i.e. the 16 bits after the queue index in the notification."""
+        return self.avail_idx if self.notify_with_data else None
 
     # ---- reaping ----------------------------------------------------------------------
     def used_idx(self) -> int:
@@ -204,7 +232,7 @@ class SplitQueue(Generic[T]):
             return out
         ring = self._ring
         used_ring, esize = self.layout.used_ring, V.USED_ELEM.size
-        for _ in range(pending):
+        while pending:
             slot = self.last_used % self.num
             uid, ulen = _USED_ELEM.unpack_from(ring, used_ring + esize * slot)
             if uid >= self.num:
@@ -218,12 +246,28 @@ class SplitQueue(Generic[T]):
                 self.broken = (f"used len {ulen} for id {uid} exceeds its writable capacity "
                                f"{self._wcap[uid]}")
                 return out
-            self._tokens[uid] = None
-            self._free.extend(reversed(self._chains[uid]))
-            self._chains[uid] = ()
-            self.in_flight -= 1
-            self.last_used = (self.last_used + 1) & 0xFFFF
-            out.append((token, ulen))
+            batch = [uid]
+            if self.in_order:
+                # one element may stand for a batch ending at uid (virtio 1.x §2.7.9)
+                if uid not in self._heads:
+                    self.broken = f"used id {uid} is not in the in-order list"
+                    return out
+                n = self._heads.index(uid) + 1
+                if n > pending:
+                    self.broken = (f"used id {uid} ends a batch of {n} but used.idx moved "
+                                   f"only {pending}")
+                    return out
+                batch = [self._heads.popleft() for _ in range(n)]
+            for h in batch:
+                tok = self._tokens[h]
+                assert tok is not None
+                self._tokens[h] = None
+                self._give_back(self._chains[h])
+                self._chains[h] = ()
+                self.in_flight -= 1
+                out.append((tok, ulen if h == uid else self._wcap[h]))
+            self.last_used = (self.last_used + len(batch)) & 0xFFFF
+            pending -= len(batch)
         return out
 
     def enable_interrupts(self) -> bool:
@@ -238,4 +282,5 @@ class SplitQueue(Generic[T]):
         tokens = [t for t in self._tokens if t is not None]
         self._tokens = [None] * self.num
         self.in_flight = 0
+        self._heads.clear()
         return tokens

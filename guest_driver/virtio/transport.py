@@ -76,7 +76,21 @@ class VirtioTransport(Protocol):
         """Program and enable one queue; before DRIVER_OK."""
         ...
 
-    def notify(self, index: int) -> None: ...
+    def notify(self, index: int, data: int | None = None) -> None:
+        """Notify queue `index`; `data` (NOTIFICATION_DATA): the ring's 16 bits that
+        follow the queue index (virtio 1.x §2.9)."""
+        ...
+
+    def reset_queue(self, index: int) -> None:
+        """VIRTIO_F_RING_RESET: reset queue `index` alone and wait (bounded, without
+        sleeping) until the device reports it done. Raises TransportError."""
+        ...
+
+    def reenable_queue(self, index: int, num: int, desc: int, driver: int,
+                       device: int) -> None:
+        """After reset_queue, at DRIVER_OK: route its interrupt again, program it and
+        enable it (virtio 1.x §2.6.1.2)."""
+        ...
 
     def free_interrupts(self) -> None:
         """Give back what setup_interrupts took (idempotent)."""
@@ -133,6 +147,15 @@ def negotiate(t: FeatureWindow, wanted: int, required: int) -> int:
                               f"{accepted:#x} ({bits_str(accepted)}): FEATURES_OK stayed clear "
                               f"(status {status:#x})")
     return accepted
+
+
+RESET_QUEUE_POLL_LIMIT = 1000  # reads of the queue reset register before giving up
+
+
+def notify_value(index: int, data: int | None) -> int:
+    """The value a notification writes: the queue index, or with NOTIFICATION_DATA the
+    le32 {vqn: 16, next_off: 15, next_wrap: 1}."""
+    return index if data is None else index | (data & 0xFFFF) << V.NOTIFY_DATA_OFF_SHIFT
 
 
 def bits_str(mask: int) -> str:

@@ -1,6 +1,6 @@
-"""The driver-side ring factory: the negotiated features pick the ring (split today,
-with INDIRECT/EVENT_IDX), an unimplemented layout is refused by name, and the VA-1
-driver and the admin queue know no ring layout."""
+"""The driver-side ring factory: the negotiated features pick the ring (split, or packed
+with VIRTIO_F_RING_PACKED; INDIRECT/EVENT_IDX/IN_ORDER/NOTIFICATION_DATA options), and
+the VA-1 driver and the admin queue know no ring layout."""
 from __future__ import annotations
 
 import pathlib
@@ -11,10 +11,10 @@ from gd_fakes import FakeMemory
 
 import guest_driver
 from guest_driver.mm import PageAllocator
-from guest_driver.va1.driver import WANTED_FEATURES
+from guest_driver.va1.driver import (DEFAULT_OPTIONAL, OPTIONAL_FEATURES, WANTED_FEATURES)
+from guest_driver.virtio.packed_ring import PackedQueue
 from guest_driver.virtio.ring import DriverRing
-from guest_driver.virtio.ring_factory import (RING_FEATURES, UnsupportedRingError,
-                                              make_driver_ring, ring_features)
+from guest_driver.virtio.ring_factory import RING_FEATURES, make_driver_ring, ring_features
 from guest_driver.virtio.split_ring import SplitQueue
 from hwspec import virtio as V
 
@@ -41,24 +41,40 @@ def test_split_features_give_a_split_ring_with_their_options(options: int) -> No
     assert ring.desc_addr < ring.driver_addr < ring.device_addr
 
 
-@pytest.mark.parametrize("bit,name", [(V.F_RING_PACKED, "VIRTIO_F_RING_PACKED"),
-                                      (V.F_IN_ORDER, "VIRTIO_F_IN_ORDER")])
-def test_unimplemented_ring_features_are_refused_by_name(bit: int, name: str) -> None:
-    with pytest.raises(UnsupportedRingError, match=rf"{name} \(feature bit {bit}\)"):
-        _make(BASE | 1 << bit)
+PACKED = 1 << V.F_RING_PACKED
+IN_ORDER = 1 << V.F_IN_ORDER
+DATA = 1 << V.F_NOTIFICATION_DATA
+
+
+@pytest.mark.parametrize("options", [0, INDIRECT | EVENT_IDX, IN_ORDER | DATA,
+                                     INDIRECT | EVENT_IDX | IN_ORDER | DATA])
+def test_packed_feature_gives_a_packed_ring(options: int) -> None:
+    ring = _make(BASE | PACKED | options)
+    assert isinstance(ring, PackedQueue)
+    assert ring.features == ring_features(BASE | PACKED | options) == PACKED | options
+    assert (ring.index, ring.num, ring.num_free) == (3, 8, 8)
+    assert ring.descs_needed(3) == (1 if options & INDIRECT else 3)
+    assert ring.desc_addr < ring.driver_addr < ring.device_addr
+    assert (ring.notification_data() is None) == (not options & DATA)
+
+
+def test_notification_data_of_an_empty_ring() -> None:
+    assert _make(BASE | PACKED | DATA).notification_data() == 1 << 15   # slot 0, wrap 1
+    assert _make(BASE | DATA).notification_data() == 0                  # avail idx 0
 
 
 def test_ring_features_ignore_what_does_not_shape_the_ring() -> None:
     assert ring_features(BASE | 1 << V.F_SR_IOV | INDIRECT) == INDIRECT
 
 
-def test_va1_driver_asks_for_exactly_the_ring_features_the_factory_builds() -> None:
-    ring_bits = INDIRECT | EVENT_IDX | 1 << V.F_RING_PACKED | 1 << V.F_IN_ORDER
-    assert WANTED_FEATURES & ring_bits == RING_FEATURES
+def test_va1_driver_asks_by_default_for_todays_ring_features_and_can_use_all() -> None:
+    assert WANTED_FEATURES & OPTIONAL_FEATURES == DEFAULT_OPTIONAL == INDIRECT | EVENT_IDX
+    assert OPTIONAL_FEATURES == RING_FEATURES | 1 << V.F_RING_RESET
 
 
 _LAYOUT = re.compile(r"\bV\.(DESC|AVAIL_|USED_|desc_table_size|avail_ring_size|"
-                     r"used_ring_size)|SplitQueue|split_ring|RingLayout")
+                     r"used_ring_size|PACKED_|packed_ring_size)|SplitQueue|split_ring|PackedQueue|packed_ring|"
+                     r"RingLayout")
 
 
 @pytest.mark.parametrize("module", ["va1/driver.py", "va1/devfile.py", "va1/pf.py",

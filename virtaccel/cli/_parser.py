@@ -93,8 +93,16 @@ def build_parser() -> argparse.ArgumentParser:
               prog="virtaccel vm run")
     r.add_argument("image", metavar="IMAGE", help="a VM image file (TOML)")
     _seed(r, None, "the image's")
+    r.add_argument("--features", metavar="NAMES", default=None,
+                   help="the optional virtio features the guest driver may accept, comma "
+                        "separated (indirect, event_idx, packed, in_order, "
+                        "notification_data, ring_reset; 'none' for none); overrides the "
+                        "image's [guest]")
+    r.add_argument("--strict", action="store_true",
+                   help="exit 1 if the device logged any violation of a driver rule, and "
+                        "print the rules")
     _trace(r)
-    _json(r, "the result, MMIO exit counts and the digest")
+    _json(r, "the result, MMIO exit counts, violations and the digest")
 
     p = _verb(sub, "compile", ".compile:cli", "compile an ONNX model to a VA-1 code object")
     p.add_argument("model", help="an .onnx model")

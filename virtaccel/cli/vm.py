@@ -1,5 +1,10 @@
-"""`virtaccel vm run IMAGE [--seed N] [--trace FILE] [--json FILE]`: boot a VM image and
-run its guest program.
+"""`virtaccel vm run IMAGE [--seed N] [--features NAMES] [--strict] [--trace FILE]
+[--json FILE]`: boot a VM image and run its guest program.
+
+`--features` picks the optional virtio features the guest driver may accept (as the
+image's [guest] does); `--strict` makes any driver rule the device logged (a transport
+violation, a ring rule that set DEVICE_NEEDS_RESET) fail the run, with the rules printed:
+a driver under bring-up must run clean, not merely produce the right answer.
 
 The MMIO table counts every guest access to device registers by whether it cost a VM
 exit: on passthrough the doorbells are direct (the BAR is mapped into the guest) and the
@@ -9,6 +14,7 @@ each, into the Chrome trace (the VM's `cpu` track) with the rest of the run.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from collections import Counter
 from typing import Any, Iterable
 
@@ -70,9 +76,12 @@ def cli_run(args: argparse.Namespace) -> int:
         check_output(args.json, "--json", allow_stdout=True)
     try:
         image = load_image(args.image)
+        if args.features is not None:
+            image = dataclasses.replace(image, guest_features=_features(args.features))
         run = run_image(image, args.seed, keep_trace=args.trace is not None)
     except ImageError as e:
         raise CliError(str(e)) from None
+    strict_failed = bool(args.strict and run.violations)
     if args.trace is not None:
         try:
             write_chrome_trace(run.trace_events, args.trace)
@@ -88,11 +97,17 @@ def cli_run(args: argparse.Namespace) -> int:
             "error": None if run.error is None else f"{type(run.error).__name__}: {run.error}",
             "virtual_ns": run.virtual_ns, "mmio_exits": run.exits,
             "direct_mmio_accesses": run.direct_accesses, "mmio": mmio,
-            "digest": run.digest})
+            "guest_features": (None if image.guest_features is None
+                               else list(image.guest_features)),
+            "violations": [{"source": src, "rule": rule, "message": msg}
+                           for src, rule, msg in run.violations],
+            "strict": bool(args.strict), "digest": run.digest})
     if wants_json_on_stdout(args.json):
-        return 0 if run.ok else 1
+        return 0 if run.ok and not strict_failed else 1
     print(f"virtaccel vm run: image {image.name!r} ({acc.mode}, {acc.transport}), seed {run.seed}")
     print(f"  program {image.entry}")
+    if image.guest_features is not None:
+        print(f"  guest features {', '.join(image.guest_features) or '(none)'}")
     if run.error is not None:
         print(f"  guest program failed: {type(run.error).__name__}: {run.error}")
     elif isinstance(run.result, dict) and isinstance(run.result.get("tenants"), dict):
@@ -115,9 +130,31 @@ def cli_run(args: argparse.Namespace) -> int:
     if args.trace is not None:
         print(f"trace written to {args.trace} (Chrome trace-event JSON, every MMIO access "
               "with its exit flag on each VM's cpu track; open it in Perfetto)")
-    print(f"result: {'OK' if run.ok else 'FAILED'}")
+    if run.violations:
+        print_table(("source", "rule", "message"), run.violations,
+                    title=f"driver rules the device logged ({len(run.violations)})")
+    if strict_failed:
+        rules = sorted({rule for _, rule, _ in run.violations})
+        print(f"strict: the device logged {len(run.violations)} violation(s) of "
+              f"{', '.join(rules)}")
+    print(f"result: {'OK' if run.ok and not strict_failed else 'FAILED'}")
     print(f"trace digest: {run.digest}")
-    return 0 if run.ok else 1
+    return 0 if run.ok and not strict_failed else 1
+
+
+def _features(text: str) -> tuple[str, ...]:
+    """--features: comma-separated names, or 'none'."""
+    from ..session import GUEST_FEATURES
+    if text.strip() == "none":
+        return ()
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    for n in names:
+        if n not in GUEST_FEATURES:
+            raise CliError(f"--features: unknown feature {n!r} (known: "
+                           f"{', '.join(GUEST_FEATURES)}, or none)")
+    if not names:
+        raise CliError("--features: give feature names, or none")
+    return names
 
 
 def _jsonable(value: Any) -> Any:

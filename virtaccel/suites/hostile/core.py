@@ -48,6 +48,8 @@ class Attack:
     breaches: list[tuple[str, str]] = field(default_factory=list)
     statuses: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    probe_features: int | None = None   # the features the after-reset probe brings up
+                                        # with (None: the raw driver's BASE_FEATURES)
 
     def breach(self, rule: str, message: str) -> None:
         self.breaches.append((rule, message))
@@ -78,6 +80,9 @@ class Scenario:
     setup: Setup = Setup.LIVE
     doc: str = ""
     prepare: Callable[["Session"], None] | None = None   # test hook: after launch
+    # Va1Config fields of the session's functions (e.g. virtio_features: the options a
+    # scenario needs offered); empty: the default function
+    device_config: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.doc:

@@ -61,6 +61,13 @@ class RawTransport:
     def setup_queue(self, index: int, size: int, desc: int, avail: int, used: int) -> None:
         raise NotImplementedError
     def notify(self, index: int) -> None: raise NotImplementedError
+    def notify_value(self, index: int, value: int) -> None:
+        """A notification carrying `value` whole (NOTIFICATION_DATA: le32 {vqn, next_off,
+        next_wrap})."""
+        raise NotImplementedError
+    def queue_reset(self, index: int) -> None:
+        """Write 1 to the queue reset register of queue `index` (RING_RESET)."""
+        raise NotImplementedError
 
     def restore(self) -> None:
         """Put back what a scenario may have broken below virtio (PCI: BAR, command)."""
@@ -119,6 +126,13 @@ class MmioRaw(RawTransport):
 
     def notify(self, index: int) -> None:
         self.wr(R.QUEUE_NOTIFY, index)
+
+    def notify_value(self, index: int, value: int) -> None:
+        self.wr(R.QUEUE_NOTIFY, value & 0xFFFF_FFFF)
+
+    def queue_reset(self, index: int) -> None:
+        self.wr(R.QUEUE_SEL, index)
+        self.wr(R.QUEUE_RESET, 1)
 
 
 class PciRaw(RawTransport):
@@ -214,6 +228,13 @@ class PciRaw(RawTransport):
     def notify(self, index: int) -> None:
         self.mmio.write(self.notify_addr(index), 2, index)
 
+    def notify_value(self, index: int, value: int) -> None:
+        self.mmio.write(self.notify_addr(index), 4, value & 0xFFFF_FFFF)
+
+    def queue_reset(self, index: int) -> None:
+        self.cwr(VP.COMMON_Q_SELECT, 2, index)
+        self.cwr(VP.COMMON_Q_RESET, 2, 1)
+
     def restore(self) -> None:
         self.cfg_write(P.BASE_ADDRESS_0, 4, self.bar_lo)
         self.cfg_write(P.BASE_ADDRESS_0 + 4, 4, self.bar_hi)
@@ -302,6 +323,90 @@ class RawQueue:
         return int(elem[0]), int(elem[1])
 
 
+class RawPackedQueue:
+    """One packed virtqueue laid out in guest RAM (virtio 1.x §2.8), by hand: the slot and
+    wrap counter of the next descriptor, the used position, and every field open for
+    scribbling. A request's buffer id is its head slot (unique while in flight)."""
+
+    def __init__(self, kernel: Any, index: int, size: int, desc: int, avail: int,
+                 used: int) -> None:
+        self.kernel, self.mem = kernel, kernel.memory
+        self.index, self.size = index, size
+        self.desc, self.avail, self.used = desc, avail, used   # ring, driver / device event
+        self.slot, self.wrap = 0, 1
+        self.used_slot, self.used_wrap = 0, 1
+        self.slots: dict[int, int] = {}                         # buffer id -> slots taken
+
+    def write_desc(self, slot: int, addr: int, length: int, bid: int, flags: int) -> None:
+        self.mem.write(self.desc + V.PACKED_DESC.size * slot,
+                       struct.pack(V.PACKED_DESC.format, addr & (2**64 - 1),
+                                   length & 0xFFFF_FFFF, bid & 0xFFFF, flags & 0xFFFF))
+
+    def avail_flags(self, write: bool = False, nxt: bool = False,
+                    wrap: int | None = None) -> int:
+        """AVAIL = the wrap counter, USED = its inverse (§2.8.1)."""
+        w = self.wrap if wrap is None else wrap
+        return ((V.DESC_F_AVAIL if w else V.DESC_F_USED) | (V.DESC_F_WRITE if write else 0)
+                | (V.DESC_F_NEXT if nxt else 0))
+
+    def add(self, bufs: Sequence[Buf], bid: int | None = None) -> tuple[int, int]:
+        """Write a list of descriptors, the head's flags left 0; returns (head slot, head
+        flags) for put_avail."""
+        head = self.slot
+        bid = head if bid is None else bid
+        head_flags = 0
+        for n, (addr, length, write) in enumerate(bufs):
+            flags = self.avail_flags(write, n < len(bufs) - 1)
+            if n == 0:
+                head_flags = flags
+                flags = 0
+            self.write_desc(self.slot, addr, length, bid, flags)
+            self.advance()
+        self.slots[bid & 0xFFFF] = len(bufs)
+        return head, head_flags
+
+    def advance(self, n: int = 1) -> None:
+        for _ in range(n):
+            self.slot += 1
+            if self.slot == self.size:
+                self.slot, self.wrap = 0, self.wrap ^ 1
+
+    def put_avail(self, token: tuple[int, int]) -> None:
+        """Make the list available: its head's flags last."""
+        head, flags = token
+        self.mem.write(self.desc + V.PACKED_DESC.size * head + V.PACKED_DESC.offsets["flags"],
+                       struct.pack("<H", flags))
+
+    def set_event(self, off_wrap: int, flags: int) -> None:
+        """The driver event suppression structure (read by the device)."""
+        self.mem.write(self.avail, struct.pack(V.PACKED_EVENT.format, off_wrap & 0xFFFF,
+                                               flags & 0xFFFF))
+
+    def next_data(self) -> int:
+        """NOTIFICATION_DATA: next_off | next_wrap << 15."""
+        return self.slot | self.wrap << 15
+
+    def _used(self) -> bool:
+        raw = self.mem.read(self.desc + V.PACKED_DESC.size * self.used_slot, V.PACKED_DESC.size)
+        flags = struct.unpack(V.PACKED_DESC.format, raw)[3]
+        w = self.used_wrap
+        return bool((flags >> V.PACKED_DESC_F_USED & 1) == w
+                    and (flags >> V.PACKED_DESC_F_AVAIL & 1) == w)
+
+    def wait_used(self, timeout_ns: int = POLL_TIMEOUT_NS) -> tuple[int, int] | None:
+        """The next used descriptor (id, len), or None if none came within the timeout."""
+        if not self.kernel.sched.wait_until(self._used, timeout_ns,
+                                            f"hostile packed ring {self.index}"):
+            return None
+        raw = self.mem.read(self.desc + V.PACKED_DESC.size * self.used_slot, V.PACKED_DESC.size)
+        _, length, bid, _ = struct.unpack(V.PACKED_DESC.format, raw)
+        self.used_slot += self.slots.pop(bid, 1)
+        if self.used_slot >= self.size:
+            self.used_slot -= self.size
+            self.used_wrap ^= 1
+        return int(bid), int(length)
+
+
 # -- the VA-1 function ------------------------------------------------------------------
 
 @dataclass
@@ -326,7 +431,7 @@ class RawVa1:
     def __init__(self, kernel: Any, transport: RawTransport, alloc: Bump) -> None:
         self.kernel, self.t, self.alloc = kernel, transport, alloc
         self.mem = kernel.memory
-        self.queues: dict[int, RawQueue] = {}
+        self.queues: dict[int, Any] = {}   # RawQueue, or RawPackedQueue with RING_PACKED
         self.features = 0
         self.num_submitqs = 0
         self.fence = 0
@@ -349,7 +454,20 @@ class RawVa1:
         self.t.set_status(V.STATUS_ACKNOWLEDGE | V.STATUS_DRIVER | V.STATUS_FEATURES_OK)
         return bool(self.t.status() & V.STATUS_FEATURES_OK)
 
-    def make_queue(self, index: int, size: int = QUEUE_SIZE) -> RawQueue:
+    @property
+    def packed(self) -> bool:
+        return bool(self.features >> V.F_RING_PACKED & 1)
+
+    def make_queue(self, index: int, size: int = QUEUE_SIZE) -> Any:
+        if self.packed:
+            ring = self.alloc.alloc(V.packed_ring_size(size), 16)
+            events = self.alloc.alloc(2 * V.PACKED_EVENT.size, 4)
+            self.mem.write(ring, bytes(V.packed_ring_size(size)))
+            self.mem.write(events, bytes(2 * V.PACKED_EVENT.size))
+            pq = RawPackedQueue(self.kernel, index, size, ring, events,
+                                events + V.PACKED_EVENT.size)
+            self.queues[index] = pq
+            return pq
         desc = self.alloc.alloc(V.desc_table_size(size))
         avail = self.alloc.alloc(V.avail_ring_size(size))
         used = self.alloc.alloc(V.used_ring_size(size))
@@ -395,8 +513,17 @@ class RawVa1:
         q = self.queues[qi]
         q.put_avail(q.add(bufs))
         if notify:
+            self.kick(qi)
+        return q.wait_used(timeout_ns)  # type: ignore[no-any-return]
+
+    def kick(self, qi: int) -> None:
+        """Notify queue `qi`, with the right data when NOTIFICATION_DATA was negotiated."""
+        if self.features >> V.F_NOTIFICATION_DATA & 1:
+            q = self.queues[qi]
+            data = q.next_data() if isinstance(q, RawPackedQueue) else q.avail_idx
+            self.t.notify_value(qi, qi | data << 16)
+        else:
             self.t.notify(qi)
-        return q.wait_used(timeout_ns)
 
     def ctrl(self, type_: int, context_id: int = 0, flags: int = 0,
              reserved: int = 0) -> tuple[int, int] | None:
@@ -451,10 +578,11 @@ def cmd(opcode: int, flags: int = 0, length: int | None = None, **fields: Any) -
                        (size if length is None else length) & 0xFFFF_FFFF) + payload
 
 
-def probe_round_trip(dev: RawVa1, pattern: int = 0x5AFE_C0DE) -> str | None:
-    """A minimal bring-up and a FILL + DMA_D2H through a fresh context; None when the
-    function answered right, else what went wrong."""
-    if not dev.bring_up():
+def probe_round_trip(dev: RawVa1, pattern: int = 0x5AFE_C0DE,
+                     features: int = BASE_FEATURES) -> str | None:
+    """A minimal bring-up (with `features`) and a FILL + DMA_D2H through a fresh context;
+    None when the function answered right, else what went wrong."""
+    if not dev.bring_up(features):
         return f"bring-up failed (status {dev.t.status():#x})"
     ctx = dev.create_context()
     if ctx is None:

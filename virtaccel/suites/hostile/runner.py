@@ -18,6 +18,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
+from device_model import Va1Config
 from guest_driver import GuestDriverError
 from userspace_runtime import UserspaceRuntimeError
 from vmm.iommu import format_bdf
@@ -133,7 +134,8 @@ def run_scenario(sc: Scenario, attach: str, seed: int = 0, *, budget_ns: int = B
     """Run `sc` on `attach` with pinned seeds; the verdict (never raises for what the
     device or the guests do)."""
     wall0 = time.perf_counter()
-    session = Session(attach=attach, seed=seed, vms=2, memory=VM_MEMORY)
+    config = Va1Config(**dict(sc.device_config)) if sc.device_config else None
+    session = Session(attach=attach, seed=seed, vms=2, memory=VM_MEMORY, config=config)
     session.launch()
     run = _Run()
     try:
@@ -197,10 +199,11 @@ def run_scenario(sc: Scenario, attach: str, seed: int = 0, *, budget_ns: int = B
             sc.program(atk)
             run.needs_reset = dev.needs_reset()
             t.restore()
-            err = probe_round_trip(dev)
+            probe = {} if atk.probe_features is None else {"features": atk.probe_features}
+            err = probe_round_trip(dev, **probe)
             if err is not None and t.function_reset():
                 run.probe_flr = True
-                err2 = probe_round_trip(dev)
+                err2 = probe_round_trip(dev, **probe)
                 err = None if err2 is None else f"{err}; after FLR: {err2}"
             run.probe_error = err
 
