@@ -1,7 +1,6 @@
 """The compiler driver: passes, canonicalization for the ISA, lowering, code object."""
 from __future__ import annotations
 
-import copy
 import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
@@ -158,7 +157,7 @@ def compile_graph(graph: Graph, target: Target | None = None,
     opts = options or CompileOptions()
     if not graph.outputs:
         raise GraphError(f"graph {graph.name}: no outputs")
-    g = copy.deepcopy(graph)
+    g = graph.clone()
     report: dict[str, int] = {}
     infer_shapes(g)
     _check_fits(g, target)

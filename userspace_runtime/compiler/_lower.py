@@ -190,6 +190,9 @@ def plan_memory(g: Graph, arg_symbols: dict[int, str],
     peak = 0
     for s, e, sz, key in sorted(items + temps_needed, key=lambda t: (t[0], -t[2])):
         sz = _align(max(sz, 1))
+        # blocks are placed in order of their start: one that ended before this start
+        # overlaps nothing later (dropping it keeps a long chain linear, not quadratic)
+        placed = [p for p in placed if p[1] >= s]
         busy = sorted((o, o + z) for ps, pe, o, z in placed if not (pe < s or ps > e))
         off = 0
         for lo, hi in busy:

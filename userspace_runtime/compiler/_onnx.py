@@ -90,15 +90,33 @@ def check_model(model: onnx.ModelProto) -> None:
                               f"{' '.join(str(e).split())}") from None
 
 
+# Operators never evaluated at import even when every input is known: random ones
+# (a compile-time draw would freeze them) and control flow (subgraphs may read outer
+# values the importer does not track).
+_NEVER_FOLD = frozenset({
+    "RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Bernoulli",
+    "Multinomial", "If", "Loop", "Scan", "SequenceMap", "Dropout"})
+# Operators that only ever produce compile-time values (their input's static shape).
+_SHAPE_OPS = frozenset({"Shape", "Size"})
+# At most this many names of nodes are listed per unsupported operator.
+_LIST_NODES = 8
+
+
 class _Importer:
     def __init__(self, model: onnx.ModelProto, static_inputs: Mapping[str, Any]) -> None:
         self.model = model
         self.g = Graph(model.graph.name or "main")
         self.env: dict[str, Value] = {}
+        # Compile-time values by tensor name, exactly as ONNX defines them (int64 shapes,
+        # bools): initializers, Constant nodes, static inputs and every node evaluated at
+        # import because all its inputs were known (static shape folding). They become
+        # graph constants only when a runtime node reads them.
+        self.known: dict[str, np.ndarray] = {}
         self.static = {k: np.asarray(v) for k, v in static_inputs.items()}
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
                           1)
         self.node: onnx.NodeProto | None = None
+        self.folded = 0
 
     def fail(self, msg: str) -> OnnxImportError:
         n = self.node
@@ -111,20 +129,31 @@ class _Importer:
         assert v.const is not None
         return v.const
 
+    def value(self, name: str) -> Value:
+        """The graph Value of tensor `name`; a known (compile-time) tensor becomes a
+        constant the first time a runtime node reads it."""
+        v = self.env.get(name)
+        if v is None:
+            arr = self.known[name]
+            try:
+                v = self.constant(arr, name)
+            except GraphError as e:
+                what = "initializer" if name in self.inits else "constant"
+                raise OnnxImportError(f"{what} {name!r}: {e}") from None
+            self.env[name] = v
+        return v
+
     def run(self) -> Graph:
         graph = self.model.graph
+        self.inits = {i.name for i in graph.initializer}
         for init in graph.initializer:
-            what = f"initializer {init.name!r}"
-            try:
-                self.env[init.name] = self.constant(_to_array(init, what), init.name)
-            except GraphError as e:
-                raise OnnxImportError(f"{what}: {e}") from None
+            self.known[init.name] = _to_array(init, f"initializer {init.name!r}")
         for vi in graph.input:
-            if vi.name in self.env:
+            if vi.name in self.known:
                 self._check_initializer(vi)
                 continue
             if vi.name in self.static:
-                self.env[vi.name] = self.constant(self.static[vi.name], vi.name)
+                self.known[vi.name] = self.static[vi.name]
                 continue
             t = vi.type.tensor_type
             if t.elem_type not in _ONNX_DTYPES:
@@ -142,14 +171,23 @@ class _Importer:
                 self.env[vi.name] = self.g.input(vi.name, dims, _ONNX_DTYPES[t.elem_type])
             except GraphError as e:
                 raise OnnxImportError(str(e)) from None
+        unsupported: dict[str, list[str]] = {}
+        poisoned: set[str] = set()   # outputs of unsupported nodes (and what reads them)
         for node in graph.node:
             self.node = node
-            if node.domain not in ("", "ai.onnx"):
-                raise self.fail(f"operator {node.domain}.{node.op_type} is not supported")
-            h = _HANDLERS.get(node.op_type)
+            ins_named = [i for i in node.input if i]
+            std = node.domain in ("", "ai.onnx")
+            if std and self._fold(node):
+                continue
+            h = _HANDLERS.get(node.op_type) if std else None
             if h is None:
-                raise self.fail(f"operator {node.op_type} is not supported by the VA-1 "
-                                f"compiler (supported: {', '.join(supported_ops())})")
+                op = node.op_type if std else f"{node.domain}.{node.op_type}"
+                unsupported.setdefault(op, []).append(node.name or "(unnamed)")
+                poisoned.update(o for o in node.output if o)
+                continue
+            if any(i in poisoned for i in ins_named):
+                poisoned.update(o for o in node.output if o)
+                continue
             ins = self._operands(node)
             try:
                 outs = h(self, node, ins)
@@ -165,11 +203,13 @@ class _Importer:
                 if name:
                     self.env[name] = v
         self.node = None
+        if unsupported:
+            raise OnnxImportError(_unsupported_message(unsupported))
         outs = []
         for vo in graph.output:
-            if vo.name not in self.env:
+            if vo.name not in self.env and vo.name not in self.known:
                 raise OnnxImportError(f"graph output {vo.name} is not computed")
-            outs.append(self.env[vo.name])
+            outs.append(self.value(vo.name))
         seen: set[int] = set()
         for vo, v in zip(graph.output, outs):
             if v.is_const or id(v) in seen or any(v is i for i in self.g.inputs):
@@ -178,10 +218,93 @@ class _Importer:
             self.g.output(v, names=[vo.name])
         return self.g
 
+    def _fold(self, node: onnx.NodeProto) -> bool:
+        """Evaluate `node` now when its result is a compile-time value: Shape and Size
+        of any tensor (shapes are static), and any operator whose inputs are all
+        known (exported shape arithmetic: Gather, Concat, Cast, Equal, Where, Range,
+        ConstantOfShape, ...), with ONNX's reference semantics."""
+        op = node.op_type
+        names = [i for i in node.input if i]
+        if op in _SHAPE_OPS and names and names[0] in self.env and names[0] not in self.known:
+            shape = np.array(self.env[names[0]].shape, dtype=np.int64)
+            if op == "Size":
+                self.known[node.output[0]] = np.array(int(np.prod(shape)), dtype=np.int64)
+            else:
+                a = _attrs(node)
+                r = len(shape)
+                lo, hi = int(a.get("start", 0)), int(a.get("end", r))
+                lo, hi = (max(0, min(r, v + r if v < 0 else v)) for v in (lo, hi))
+                self.known[node.output[0]] = shape[lo:hi]
+            self.folded += 1
+            return True
+        if op in _NEVER_FOLD or any(n not in self.known for n in names):
+            return False
+        if op in SIGNATURES:
+            self._check_signature(node)
+        self._check_fold_size(node)
+        from onnx.reference import ReferenceEvaluator
+        try:
+            ref = ReferenceEvaluator(node, opsets={"": self.opset})
+            res = ref.run(None, {n: self.known[n] for n in names})
+        except MemoryError:
+            raise self.fail("evaluating it at compile time needs more memory than the host "
+                            "has") from None
+        except Exception as e:   # the reference's own verdict on a bad node
+            raise self.fail(f"cannot be evaluated at compile time: "
+                            f"{' '.join(str(e).split()) or type(e).__name__}") from None
+        for name, arr in zip(node.output, res):
+            if name:
+                self.known[name] = np.asarray(arr)
+        self.folded += 1
+        return True
+
+    def _check_fold_size(self, node: onnx.NodeProto) -> None:
+        """Operators whose output size comes from their inputs' values are checked
+        before they are evaluated: no device holds more than MAX_DEVICE_MEMORY_SIZE."""
+        from hwspec import va1
+        op, ins = node.op_type, [self.known.get(i) for i in node.input]
+        count: int | None = None
+        try:
+            if op in ("ConstantOfShape", "Expand") and len(ins) >= 1 and ins[-1] is not None:
+                dims = [int(d) for d in np.asarray(ins[-1]).reshape(-1)]
+                if op == "Expand" and ins[0] is not None:
+                    dims = list(np.broadcast_shapes(tuple(max(d, 1) for d in dims),
+                                                    ins[0].shape))
+                count = math.prod(max(d, 0) for d in dims)
+            elif op == "Range" and all(v is not None for v in ins[:3]):
+                start, limit, delta = (float(np.asarray(v).reshape(-1)[0]) for v in ins[:3])
+                if delta == 0 or not all(map(math.isfinite, (start, limit, delta))):
+                    raise self.fail(f"Range start {start}, limit {limit}, delta {delta}: "
+                                    f"delta must be non-zero and all finite")
+                count = max(0, math.ceil((limit - start) / delta))
+            elif op == "Tile" and len(ins) == 2 and ins[0] is not None and ins[1] is not None:
+                count = ins[0].size * math.prod(max(int(r), 0)
+                                                for r in np.asarray(ins[1]).reshape(-1))
+        except ValueError:
+            return
+        if count is not None and count * 8 > va1.MAX_DEVICE_MEMORY_SIZE:
+            raise self.fail(f"its output would have {count} elements ({count * 8} bytes as "
+                            f"int64), more than any VA-1's device memory "
+                            f"({va1.MAX_DEVICE_MEMORY_SIZE} bytes at most)")
+
     def _operands(self, node: onnx.NodeProto) -> list[Value | None]:
         """The node's operands, padded with None to the op's most inputs, after the
-        checks every handler relies on: input count, required inputs present, every
-        attribute one the handler reads."""
+        checks every handler relies on (`_check_signature`)."""
+        hi = self._check_signature(node)
+        n = len(node.input)
+        ins: list[Value | None] = []
+        for name in node.input:
+            if name == "":
+                ins.append(None)
+            elif name not in self.env and name not in self.known:
+                raise self.fail(f"input {name!r} is not defined")
+            else:
+                ins.append(self.value(name))
+        return ins + [None] * (hi - n)
+
+    def _check_signature(self, node: onnx.NodeProto) -> int:
+        """Input count, required inputs present, every attribute one the handler reads;
+        returns the op's most inputs."""
         lo, hi, known = SIGNATURES[node.op_type]
         n = len(node.input)
         if not lo <= n <= hi:
@@ -195,15 +318,7 @@ class _Importer:
                 raise self.fail(f"attribute {a.name!r} is not supported (the VA-1 compiler's "
                                 f"{node.op_type} takes "
                                 f"{', '.join(sorted(known)) or 'no attributes'})")
-        ins: list[Value | None] = []
-        for name in node.input:
-            if name == "":
-                ins.append(None)
-            elif name not in self.env:
-                raise self.fail(f"input {name!r} is not defined")
-            else:
-                ins.append(self.env[name])
-        return ins + [None] * (hi - n)
+        return hi
 
     def _check_initializer(self, vi: onnx.ValueInfoProto) -> None:
         """A graph input with an initializer (its default value) must be declared with
@@ -235,6 +350,18 @@ class _Importer:
                 return self.g.constant(arr.astype(np.int32), name=name)
             arr = arr.astype(np.int32)
         return self.g.constant(arr, name=name)
+
+
+def _unsupported_message(found: dict[str, list[str]]) -> str:
+    """Every unsupported operator at once: its count and the nodes that use it."""
+    parts = []
+    for op, nodes in sorted(found.items()):
+        shown = ", ".join(nodes[:_LIST_NODES])
+        more = f" and {len(nodes) - _LIST_NODES} more" if len(nodes) > _LIST_NODES else ""
+        parts.append(f"{op} x{len(nodes)} ({shown}{more})")
+    total = sum(len(v) for v in found.values())
+    return (f"{len(found)} operator(s) not supported by the VA-1 compiler, in {total} "
+            f"node(s): {'; '.join(parts)} (supported: {', '.join(supported_ops())})")
 
 
 def _float_act(op: str) -> _Handler:
@@ -577,11 +704,14 @@ def import_model(model: onnx.ModelProto | bytes | str,
 
 
 def static_input_names(model: onnx.ModelProto) -> set[str]:
-    """Graph inputs used as static operands (see STATIC_OPERANDS)."""
+    """Graph inputs (without an initializer) used as static operands (STATIC_OPERANDS).
+    Only graph inputs: an operand made by a Constant node or an initializer is known
+    to the importer already."""
     inits = {i.name for i in model.graph.initializer}
+    inputs = {i.name for i in model.graph.input} - inits
     names: set[str] = set()
     for node in model.graph.node:
         for pos in STATIC_OPERANDS.get(node.op_type, ()):
-            if pos < len(node.input) and node.input[pos] and node.input[pos] not in inits:
+            if pos < len(node.input) and node.input[pos] in inputs:
                 names.add(node.input[pos])
     return names
