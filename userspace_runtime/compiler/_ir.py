@@ -126,7 +126,7 @@ class Graph:
         elif arr.dtype == np.int64:
             arr = arr.astype(np.int32)
         dt = as_dtype_name(arr.dtype)
-        arr = np.ascontiguousarray(arr)
+        arr = np.array(arr, order="C", copy=None)   # (ascontiguousarray makes 0-d 1-d)
         arr.setflags(write=False)
         return Value(self.unique(name), tuple(int(d) for d in arr.shape), dt, const=arr)
 

@@ -29,7 +29,12 @@ STATIC_OPERANDS: dict[str, tuple[int, ...]] = {
     "ReduceMin": (1,), "Squeeze": (1,), "Unsqueeze": (1,),
     "QuantizeLinear": (1, 2), "DequantizeLinear": (1, 2),
     "BatchNormalization": (1, 2, 3, 4),
+    "Clip": (1, 2), "Slice": (1, 2, 3, 4), "Split": (1,), "Pad": (1, 2, 3),
+    "Expand": (1,), "Where": (0,), "ConstantOfShape": (0,), "Range": (0, 1, 2),
 }
+# Operators that only ever run at compile time: their operands must be known (static
+# shapes, initializers, Constant nodes or values folded from them).
+FOLD_ONLY = frozenset({"Shape", "Size", "ConstantOfShape", "Range"})
 
 
 # What each handler takes, checked once for every node before its handler runs:
@@ -50,7 +55,7 @@ def _op(name: str, inputs: tuple[int, int], attrs: tuple[str, ...] = ()
 
 
 def supported_ops() -> list[str]:
-    return sorted(_HANDLERS)
+    return sorted(set(_HANDLERS) | FOLD_ONLY)
 
 
 def _attrs(node: onnx.NodeProto) -> dict[str, Any]:
@@ -58,7 +63,11 @@ def _attrs(node: onnx.NodeProto) -> dict[str, Any]:
 
 
 _ONNX_DTYPES = {onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.FLOAT16: np.float16,
-                onnx.TensorProto.INT8: np.int8, onnx.TensorProto.INT32: np.int32}
+                onnx.TensorProto.INT8: np.int8, onnx.TensorProto.INT32: np.int32,
+                # int64 inputs (token ids, indices) are taken as int32: the VA-1 has no
+                # 64-bit integers; the runtime narrows int64 feeds, refusing what does
+                # not fit
+                onnx.TensorProto.INT64: np.int32}
 
 
 def _elem_name(code: int) -> str:
@@ -180,6 +189,10 @@ class _Importer:
             if std and self._fold(node):
                 continue
             h = _HANDLERS.get(node.op_type) if std else None
+            if std and node.op_type in FOLD_ONLY:
+                raise self.fail(f"its operands must be compile-time values (initializers, "
+                                f"Constant nodes or shapes), not tensors computed at run "
+                                f"time")
             if h is None:
                 op = node.op_type if std else f"{node.domain}.{node.op_type}"
                 unsupported.setdefault(op, []).append(node.name or "(unnamed)")
@@ -684,6 +697,368 @@ def _constant(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[V
         return [im.constant(_to_array(a["value"], "the value"), n.output[0])]
     except GraphError as e:
         raise im.fail(str(e)) from None
+
+
+# --- operators of exported models ---------------------------------------------------------
+
+def _unary(fn: str) -> _Handler:
+    def h(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value]:
+        return [im.g.add_node("unary", [x[0]], {"fn": fn}, name=n.name or None)[0]]
+    return h
+
+
+for _onnx_op, _fn in (("Erf", "erf"), ("Sqrt", "sqrt"), ("Tanh", "tanh"), ("Exp", "exp"),
+                      ("Neg", "neg"), ("Reciprocal", "reciprocal"), ("Abs", "abs"),
+                      ("Log", "log")):
+    _op(_onnx_op, (1, 1))(_unary(_fn))
+
+
+def _variadic(op: str) -> _Handler:
+    def h(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value]:
+        vals = [v for v in x if v is not None]
+        acc = vals[0]
+        if len(vals) == 1:
+            return [im.g.reshape(acc, acc.shape, name=n.name or None)]
+        for i, v in enumerate(vals[1:]):
+            last = i == len(vals) - 2
+            acc = im.g.add_node(op, [acc, v], {}, name=(n.name or None) if last else None)[0]
+        return [acc]
+    return h
+
+
+_op("Max", (1, 64))(_variadic("max"))
+_op("Min", (1, 64))(_variadic("min"))
+
+
+def _scalar(im: _Importer, like: Value, value: float, name: str) -> Value:
+    return im.g.constant(np.array(value, dtype=like.dtype), name=name)
+
+
+@_op("Pow", (2, 2))
+def _pow(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value]:
+    a, b = x[0], x[1]
+    assert a is not None and b is not None
+    if b.dtype != a.dtype:
+        if not b.is_const:
+            raise im.fail(f"exponent of type {b.dtype} computed at run time (it must have "
+                          f"the base's type {a.dtype} or be a constant)")
+        b = im.g.constant(im.const(b, "the exponent").astype(a.dtype), name=f"{b.name}_f")
+    return [im.g.add_node("pow", [a, b], {}, name=n.name or None)[0]]
+
+
+@_op("Clip", (1, 3), ("min", "max"))
+def _clip(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value]:
+    inp = x[0]
+    assert inp is not None
+    a = _attrs(n)
+    lo: float | None = a.get("min")
+    hi: float | None = a.get("max")
+    if len(x) > 1 and x[1] is not None:
+        lo = float(im.const(x[1], "min").reshape(-1)[0])
+    if len(x) > 2 and x[2] is not None:
+        hi = float(im.const(x[2], "max").reshape(-1)[0])
+    y = inp
+    if lo is not None:
+        y = im.g.add_node("max", [y, _scalar(im, inp, lo, "clip_min")], {},
+                          name=(n.name or None) if hi is None else None)[0]
+    if hi is not None:
+        y = im.g.add_node("min", [y, _scalar(im, inp, hi, "clip_max")], {},
+                          name=n.name or None)[0]
+    if y is inp:
+        y = im.g.reshape(inp, inp.shape, name=n.name or None)
+    return [y]
+
+
+def _hard_sigmoid(im: _Importer, x: Value, alpha: float, beta: float,
+                  name: str | None) -> Value:
+    g = im.g
+    t = g.add(g.mul(x, _scalar(im, x, alpha, "hs_alpha")), _scalar(im, x, beta, "hs_beta"))
+    t = g.add_node("max", [t, _scalar(im, x, 0.0, "hs_zero")], {})[0]
+    return g.add_node("min", [t, _scalar(im, x, 1.0, "hs_one")], {}, name=name)[0]
+
+
+@_op("HardSigmoid", (1, 1), ("alpha", "beta"))
+def _hardsigmoid(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value]:
+    a = _attrs(n)
+    assert x[0] is not None
+    return [_hard_sigmoid(im, x[0], float(a.get("alpha", 0.2)), float(a.get("beta", 0.5)),
+                          n.name or None)]
+
+
+@_op("HardSwish", (1, 1))
+def _hardswish(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value]:
+    assert x[0] is not None
+    return [im.g.mul(x[0], _hard_sigmoid(im, x[0], 1 / 6, 0.5, None), name=n.name or None)]
+
+
+def _auto_pads(im: _Importer, a: dict[str, Any], spatial: Sequence[int],
+               kernel: Sequence[int], strides: Sequence[int], dil: Sequence[int],
+               pads: tuple[int, ...]) -> tuple[int, ...]:
+    """ONNX auto_pad resolved to explicit (top, left, bottom, right) pads."""
+    auto = a.get("auto_pad", b"NOTSET")
+    auto = auto.decode() if isinstance(auto, bytes) else auto
+    if auto not in ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"):
+        raise im.fail(f"attribute auto_pad {auto!r} is not NOTSET, SAME_UPPER, SAME_LOWER "
+                      f"or VALID")
+    if auto == "VALID":
+        return (0, 0, 0, 0)
+    if auto == "NOTSET":
+        return pads
+    lo_hi = []
+    for d, k, st, dl in zip(spatial, kernel, strides, dil):
+        out = -(-d // st)
+        total = max(0, (out - 1) * st + (k - 1) * dl + 1 - d)
+        lo = total // 2 if auto == "SAME_UPPER" else total - total // 2
+        lo_hi.append((lo, total - lo))
+    return (lo_hi[0][0], lo_hi[1][0], lo_hi[0][1], lo_hi[1][1])
+
+
+def _pool(mode: str) -> _Handler:
+    def h(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value]:
+        inp = x[0]
+        assert inp is not None
+        a = _attrs(n)
+        if len(inp.shape) != 4:
+            raise im.fail(f"only 2-D pooling (an NCHW input) is supported, the input is "
+                          f"{list(inp.shape)}")
+        kernel = _ints(im, a, "kernel_shape", (), 2, 1)
+        strides = _ints(im, a, "strides", (1, 1), 2, 1)
+        dil = _ints(im, a, "dilations", (1, 1), 2, 1)
+        pads = _ints(im, a, "pads", (0, 0, 0, 0), 4, 0)
+        pads = _auto_pads(im, a, inp.shape[2:], kernel, strides, dil, pads)
+        if a.get("storage_order", 0):
+            raise im.fail("attribute storage_order 1 (column-major indices) is not supported")
+        attrs = {"mode": mode, "kernel": kernel, "stride": strides, "dilation": dil,
+                 "padding": pads, "ceil": bool(a.get("ceil_mode", 0)),
+                 "count_include_pad": bool(a.get("count_include_pad", 0))}
+        return [im.g.add_node("pool2d", [inp], attrs, name=n.name or None)[0]]
+    return h
+
+
+_op("MaxPool", (1, 1), ("auto_pad", "ceil_mode", "dilations", "kernel_shape", "pads",
+                        "storage_order", "strides"))(_pool("max"))
+_op("AveragePool", (1, 1), ("auto_pad", "ceil_mode", "count_include_pad", "dilations",
+                            "kernel_shape", "pads", "strides"))(_pool("avg"))
+
+
+def _global_pool(op: str) -> _Handler:
+    def h(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value]:
+        inp = x[0]
+        assert inp is not None
+        if len(inp.shape) < 3:
+            raise im.fail(f"needs an input of rank >= 3 (N, C, spatial...), got "
+                          f"{list(inp.shape)}")
+        return [im.g.reduce(inp, op, list(range(2, len(inp.shape))), True,
+                            name=n.name or None)]
+    return h
+
+
+_op("GlobalAveragePool", (1, 1))(_global_pool("mean"))
+_op("GlobalMaxPool", (1, 1))(_global_pool("max"))
+
+
+@_op("Concat", (1, 1 << 16), ("axis",))
+def _concat(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value]:
+    vals = [v for v in x if v is not None]
+    if "axis" not in _attrs(n):
+        raise im.fail("attribute axis is required")
+    ax = _axis(im, int(_attrs(n)["axis"]), len(vals[0].shape))
+    if len(vals) == 1:
+        return [im.g.reshape(vals[0], vals[0].shape, name=n.name or None)]
+    return [im.g.add_node("concat", vals, {"axis": ax}, name=n.name or None)[0]]
+
+
+def _slice_axis(dim: int, start: int, end: int, step: int) -> tuple[int, int, int]:
+    """ONNX Slice on one axis: (first index, count, step); count 0 when empty."""
+    if step == 0:
+        raise ValueError("step 0")
+    if start < 0:
+        start += dim
+    if end < 0:
+        end += dim
+    if step > 0:
+        start, end = max(0, min(dim, start)), max(0, min(dim, end))
+        count = max(0, -(-(end - start) // step))
+    else:
+        start, end = max(0, min(dim - 1, start)), max(-1, min(dim - 1, end))
+        count = max(0, -(-(start - end) // -step))
+    return start, count, step
+
+
+def _slice_to(im: _Importer, inp: Value, per_axis: dict[int, tuple[int, int, int]],
+              name: str | None) -> Value:
+    sl = []
+    for ax, d in enumerate(inp.shape):
+        start, end, step = per_axis.get(ax, (0, d, 1))
+        try:
+            first, count, step = _slice_axis(d, start, end, step)
+        except ValueError:
+            raise im.fail(f"axis {ax}: step 0") from None
+        if count == 0:
+            raise im.fail(f"axis {ax}: the slice [{start}:{end}:{step}] of {d} elements is "
+                          f"empty (empty tensors are not supported)")
+        sl.append((first, count, step))
+    if all(t == (0, d, 1) for t, d in zip(sl, inp.shape)):
+        return im.g.reshape(inp, inp.shape, name=name)
+    return im.g.add_node("slice", [inp], {"slices": tuple(sl)}, name=name)[0]
+
+
+@_op("Slice", (1, 5), ("starts", "ends", "axes"))
+def _slice(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value]:
+    inp = x[0]
+    assert inp is not None
+    a = _attrs(n)
+    rank = len(inp.shape)
+
+    def ints(i: int, key: str) -> list[int] | None:
+        if len(x) > i and x[i] is not None:
+            return [int(v) for v in im.const(x[i], f"the {key} operand").reshape(-1)]
+        return [int(v) for v in a[key]] if key in a else None
+
+    starts, ends = ints(1, "starts"), ints(2, "ends")
+    if starts is None or ends is None:
+        raise im.fail("starts and ends are required")
+    axes = ints(3, "axes") or list(range(len(starts)))
+    steps = ints(4, "steps") or [1] * len(starts)
+    if not len(starts) == len(ends) == len(axes) == len(steps):
+        raise im.fail(f"starts {starts}, ends {ends}, axes {axes} and steps {steps} differ "
+                      f"in length")
+    per_axis: dict[int, tuple[int, int, int]] = {}
+    for st, en, ax, sp in zip(starts, ends, axes, steps):
+        axn = _axis(im, ax, rank)
+        if axn in per_axis:
+            raise im.fail(f"axis {ax} is repeated")
+        per_axis[axn] = (st, en, sp)
+    return [_slice_to(im, inp, per_axis, n.name or None)]
+
+
+@_op("Split", (1, 2), ("axis", "split", "num_outputs"))
+def _split(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value]:
+    inp = x[0]
+    assert inp is not None
+    a = _attrs(n)
+    ax = _axis(im, int(a.get("axis", 0)), len(inp.shape))
+    d = inp.shape[ax]
+    if len(x) > 1 and x[1] is not None:
+        sizes = [int(v) for v in im.const(x[1], "the split operand").reshape(-1)]
+    elif "split" in a:
+        sizes = [int(v) for v in a["split"]]
+    else:
+        k = int(a.get("num_outputs", len(n.output)))
+        if k < 1:
+            raise im.fail(f"num_outputs {k} must be >= 1")
+        part = -(-d // k)
+        sizes = [min(part, d - i * part) for i in range(k)]
+    if sum(sizes) != d or any(v < 1 for v in sizes) or len(sizes) != len(n.output):
+        raise im.fail(f"split {sizes} into {len(n.output)} output(s) does not cover axis "
+                      f"{ax} of {d} elements with non-empty parts")
+    outs, pos = [], 0
+    for i, sz in enumerate(sizes):
+        nm = n.output[i] or None
+        outs.append(_slice_to(im, inp, {ax: (pos, pos + sz, 1)}, nm))
+        pos += sz
+    return outs
+
+
+@_op("Gather", (2, 2), ("axis",))
+def _gather(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value]:
+    data, idx = x[0], x[1]
+    assert data is not None and idx is not None
+    ax = _axis(im, int(_attrs(n).get("axis", 0)), len(data.shape))
+    if idx.dtype != "int32":
+        raise im.fail(f"indices of type {idx.dtype} (int32 or int64 only)")
+    if idx.is_const:
+        d = data.shape[ax]
+        c = im.const(idx, "the indices").astype(np.int64)
+        if np.any((c < -d) | (c >= d)):
+            raise im.fail(f"indices {c.reshape(-1).tolist()[:8]} outside [-{d}, {d})")
+    return [im.g.add_node("gather", [data, idx], {"axis": ax}, name=n.name or None)[0]]
+
+
+@_op("Pad", (1, 4), ("mode", "pads", "value"))
+def _pad(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value]:
+    inp = x[0]
+    assert inp is not None
+    a = _attrs(n)
+    mode = a.get("mode", b"constant")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    if mode != "constant":
+        raise im.fail(f"mode {mode!r}: only 'constant' padding is supported")
+    r = len(inp.shape)
+    if len(x) > 1 and x[1] is not None:
+        pads = [int(v) for v in im.const(x[1], "the pads operand").reshape(-1)]
+    else:
+        pads = [int(v) for v in a.get("pads", [])]
+    value = float(a.get("value", 0.0))
+    if len(x) > 2 and x[2] is not None:
+        cv = im.const(x[2], "the constant value")
+        value = float(cv.reshape(-1)[0]) if cv.size else 0.0
+    axes = list(range(r))
+    if len(x) > 3 and x[3] is not None:
+        axes = [_axis(im, int(v), r) for v in im.const(x[3], "the axes operand").reshape(-1)]
+    if len(pads) != 2 * len(axes):
+        raise im.fail(f"pads {pads} must have 2 x {len(axes)} entries")
+    full = [0] * (2 * r)
+    for i, ax in enumerate(axes):
+        full[ax], full[ax + r] = pads[i], pads[i + len(axes)]
+    y = inp
+    if any(p < 0 for p in full):   # negative pads crop: a slice first
+        crop = {ax: (max(0, -full[ax]), inp.shape[ax] - max(0, -full[ax + r]), 1)
+                for ax in range(r) if full[ax] < 0 or full[ax + r] < 0}
+        y = _slice_to(im, y, crop, None)
+        full = [max(0, p) for p in full]
+    if not any(full):
+        return [im.g.reshape(y, y.shape, name=n.name or None)]
+    return [im.g.add_node("pad", [y], {"pads": tuple(full), "value": value},
+                          name=n.name or None)[0]]
+
+
+@_op("Expand", (2, 2))
+def _expand(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value]:
+    inp = x[0]
+    assert inp is not None
+    shape = [int(v) for v in im.const(x[1], "the shape operand").reshape(-1)]
+    try:
+        out = tuple(int(d) for d in np.broadcast_shapes(inp.shape, tuple(shape)))
+    except ValueError:
+        raise im.fail(f"{list(inp.shape)} does not broadcast with {shape}") from None
+    if out == inp.shape:
+        return [im.g.reshape(inp, inp.shape, name=n.name or None)]
+    return [im.g.add_node("expand", [inp], {"shape": out}, name=n.name or None)[0]]
+
+
+@_op("Where", (3, 3))
+def _where(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value]:
+    """Where with a compile-time condition (the masks exporters make from shapes):
+    out = a * m + b * (1 - m) with m the 0/1 mask, a constant branch folded into the
+    added term. Exact for finite values of the branch(es) computed at run time."""
+    c, a, b = x
+    assert c is not None and a is not None and b is not None
+    cond = im.const(c, "the condition (bool tensors are not a VA-1 dtype: it must be a "
+                       "compile-time value)").astype(bool)
+    if a.dtype != b.dtype or a.dtype not in ("float32", "float16"):
+        raise im.fail(f"branches of types {a.dtype} and {b.dtype} (float only)")
+    try:
+        shape = tuple(int(d) for d in np.broadcast_shapes(cond.shape, a.shape, b.shape))
+    except ValueError:
+        raise im.fail(f"condition {list(cond.shape)}, {list(a.shape)} and {list(b.shape)} "
+                      f"do not broadcast") from None
+    g, dt = im.g, a.dtype
+    m = np.broadcast_to(cond, shape)
+    terms: list[Value] = []
+    fixed = np.zeros(shape, dt)
+    for v, sel in ((a, m), (b, ~m)):
+        if v.is_const:
+            fixed = np.where(sel, np.broadcast_to(im.const(v, "a branch"), shape), fixed)
+        else:
+            terms.append(g.mul(v, g.constant(sel.astype(dt), name=f"{n.name or 'where'}_m")))
+    if not terms:
+        return [g.reshape(g.constant(fixed.astype(dt)), shape, name=n.name or None)]
+    out = terms[0] if len(terms) == 1 else g.add(terms[0], terms[1])
+    if len(terms) == 1 or np.any(fixed):
+        out = g.add(out, g.constant(fixed.astype(dt), name=f"{n.name or 'where'}_fill"),
+                    name=n.name or None)
+    return [out]
 
 
 def import_model(model: onnx.ModelProto | bytes | str,

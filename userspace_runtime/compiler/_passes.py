@@ -79,7 +79,7 @@ def fold_constants(g: Graph) -> int:
         if all(v is None or v.is_const for v in n.inputs) and n.inputs:
             outs = _ops.evaluate(n, [None if v is None else v.const for v in n.inputs])
             for v, a in zip(n.outputs, outs):
-                arr = np.ascontiguousarray(np.asarray(a, dtype=v.dtype).reshape(v.shape))
+                arr = np.array(np.asarray(a, dtype=v.dtype).reshape(v.shape), order="C")
                 arr.setflags(write=False)
                 v.const, v.producer = arr, None
             changed += 1
@@ -320,3 +320,83 @@ def _fuse_one(g: Graph, n: Node, activations: frozenset[str], uses: dict[int, in
         p.attrs["activation"] = n.op
         return x
     return None
+
+
+def _scalar_const(v: Value | None, want: float, rtol: float = 1e-6) -> bool:
+    """`v` is a constant whose every element is `want` (within rtol)."""
+    if v is None or v.const is None or v.const.size == 0:
+        return False
+    c = v.const.astype(np.float64)
+    return bool(np.all(np.abs(c - want) <= rtol * abs(want)))
+
+
+def _other(n: Node, v: Value) -> Value | None:
+    """The operand of binary `n` that is not `v` (None if v is not an operand)."""
+    a, b = n.inputs[0], n.inputs[1]
+    if a is v:
+        return b
+    if b is v:
+        return a
+    return None
+
+
+def fuse_patterns(g: Graph) -> int:
+    """Exporters' spellings of activations, made single ops so that they fuse into
+    epilogues: x * sigmoid(x) -> silu(x) (EfficientNet's SiLU); x * 0.5 * (1 + erf(x /
+    sqrt 2)) in torch's groupings -> gelu(x) (nn.GELU at opset 17). What is left of the
+    old spelling is dead code for the next DCE."""
+    uses: dict[int, list[Node]] = {}
+    for n in g.nodes:
+        for v in n.inputs:
+            if v is not None:
+                uses.setdefault(id(v), []).append(n)
+    outs = {id(v) for v in g.outputs}
+
+    def single(v: Value) -> Node | None:
+        us = uses.get(id(v), [])
+        return us[0] if len(us) == 1 and id(v) not in outs else None
+
+    replace: dict[int, Node] = {}
+    for n in g.nodes:
+        if n.op == "mul" and id(n) not in replace:
+            for s in (n.inputs[0], n.inputs[1]):
+                p = s.producer if s is not None else None
+                if p is not None and p.op == "sigmoid" and _other(n, s) is p.inputs[0] \
+                        and single(s) is n:
+                    replace[id(n)] = Node("silu", [p.inputs[0]], n.outputs, {}, n.name)
+                    break
+        if n.op != "unary" or n.attrs.get("fn") != "erf":
+            continue
+        d = n.inputs[0].producer if n.inputs[0] is not None else None
+        if d is None or d.op not in ("div", "mul") or d.inputs[0] is None:
+            continue
+        x = d.inputs[0]
+        if not (_scalar_const(d.inputs[1], 2 ** 0.5, 1e-5) if d.op == "div"
+                else _scalar_const(d.inputs[1], 0.5 ** 0.5, 1e-5)):
+            continue
+        add = single(n.outputs[0])
+        if add is None or add.op != "add" or not _scalar_const(_other(add, n.outputs[0]), 1):
+            continue
+        m1 = single(add.outputs[0])
+        if m1 is None or m1.op != "mul":
+            continue
+        f = _other(m1, add.outputs[0])
+        final: Node | None = None
+        if f is x:                                 # (x * (1 + erf)) * 0.5
+            m2 = single(m1.outputs[0])
+            if m2 is not None and m2.op == "mul" and \
+                    _scalar_const(_other(m2, m1.outputs[0]), 0.5):
+                final = m2
+        elif f is not None and f.producer is not None and f.producer.op == "mul" \
+                and single(f) is m1 and _other(f.producer, x) is not None \
+                and _scalar_const(_other(f.producer, x), 0.5):   # (x * 0.5) * (1 + erf)
+            final = m1
+        if final is not None and final.outputs[0].dtype == x.dtype:
+            replace[id(final)] = Node("gelu", [x], final.outputs, {"approximate": "none"},
+                                      final.name)
+    for n in g.nodes:
+        r = replace.get(id(n))
+        if r is not None:
+            r.outputs[0].producer = r
+    g.nodes = [replace.get(id(n), n) for n in g.nodes]
+    return len(replace)
