@@ -13,7 +13,7 @@ onnx = pytest.importorskip("onnx", reason="the onnx extra is not installed")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 from onnx.reference import ReferenceEvaluator  # noqa: E402
 
-from userspace_runtime.compiler import Graph, compile_graph  # noqa: E402
+from userspace_runtime.compiler import Graph, Target, compile_graph  # noqa: E402
 from userspace_runtime.compiler._onnx import _Importer  # noqa: E402
 from userspace_runtime.onnx_import import OnnxImportError, compile_onnx  # noqa: E402
 from virtaccel import onnx_backend  # noqa: E402
@@ -135,3 +135,28 @@ def test_a_node_the_reference_cannot_evaluate_is_refused_by_name() -> None:
     with pytest.raises(OnnxImportError, match=r"node bad_gather \(Gather\): cannot be "
                                               r"evaluated at compile time"):
         _Importer(m, {}).run()
+
+
+def test_a_weight_whose_columns_are_tiled_is_not_copied_into_the_workspace() -> None:
+    """A constant B too large for the scratchpad is stored transposed and its column
+    blocks read in place: the workspace holds a block of C, not a copy of B (a 128 MiB
+    weight needed 268 MB of device memory). Tiled, the result is the same."""
+    rng = np.random.default_rng(7)
+    w = rng.standard_normal((256, 512)).astype(F32)     # 512 KiB, scratchpad 64 KiB
+    g = Graph("wide")
+    x = g.input("x", (3, 256))
+    g.output(g.matmul(x, g.constant(w)))
+    r = compile_graph(g, Target(scratchpad_size=64 << 10))
+    assert r.workspace_bytes < 16 << 10 and r.const_bytes == w.nbytes
+    assert "B columns" not in r.disassembly and "flags=0x2" in r.disassembly   # TRANS_B
+    xv = rng.standard_normal((3, 256)).astype(F32)
+    got = run_on_device(r, {"x": xv})
+    np.testing.assert_allclose(list(got.values())[0], xv @ w, rtol=1e-5, atol=1e-4)
+
+
+def test_a_128_mib_weight_needs_no_second_copy() -> None:
+    g = Graph("big")
+    x = g.input("x", (2, 4096))
+    g.output(g.matmul(x, g.constant(np.zeros((4096, 8192), F32))))
+    r = compile_graph(g, Target(device_memory_size=192 << 20))
+    assert r.const_bytes == 128 << 20 and r.workspace_bytes < 1 << 20

@@ -139,10 +139,14 @@ def test_backend_run_model_and_prepare() -> None:
 
 def test_claimed_operators() -> None:
     assert set(supported_ops()) == {
-        "Add", "BatchNormalization", "Constant", "Conv", "DequantizeLinear", "Div",
-        "Flatten", "Gelu", "Gemm", "Identity", "LayerNormalization", "MatMul", "Mul",
-        "QuantizeLinear", "ReduceMax", "ReduceMean", "ReduceMin", "ReduceSum", "Relu",
-        "Reshape", "Sigmoid", "Softmax", "Squeeze", "Sub", "Transpose", "Unsqueeze"}
+        "Abs", "Add", "AveragePool", "BatchNormalization", "Clip", "Concat", "Constant",
+        "ConstantOfShape", "Conv", "DequantizeLinear", "Div", "Erf", "Exp", "Expand",
+        "Flatten", "Gather", "Gelu", "Gemm", "GlobalAveragePool", "GlobalMaxPool",
+        "HardSigmoid", "HardSwish", "Identity", "LayerNormalization", "Log", "MatMul", "Max",
+        "MaxPool", "Min", "Mul", "Neg", "Pad", "Pow", "QuantizeLinear", "Range",
+        "Reciprocal", "ReduceMax", "ReduceMean", "ReduceMin", "ReduceSum", "Relu",
+        "Reshape", "Shape", "Sigmoid", "Size", "Slice", "Softmax", "Split", "Sqrt",
+        "Squeeze", "Sub", "Tanh", "Transpose", "Unsqueeze", "Where"}
 
 
 @pytest.mark.parametrize("image", ["microvm-mmio.toml", "passthrough-pci.toml"])

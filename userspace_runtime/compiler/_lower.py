@@ -670,19 +670,10 @@ class Lowerer:
         rows of C, then, if B alone is too big, over column blocks of C (B and C
         blocks moved through the node's temporary with strided COPYs)."""
         es = isa.DTYPE_SIZE[dt]
-        sp = self.target.scratchpad_size
         flags = (isa.GEMM_TRANS_A if trans_a else 0) | (isa.GEMM_TRANS_B if trans_b else 0)
         odt = DType.I32 if dt == DType.I8 else dt
-
-        def fits(mt: int, nt: int) -> bool:
-            return (mt * k + k * nt) * es + (mt * nt + (nt if bias else 0)) * oes <= sp
-
-        nt = n
-        while nt > 1 and not fits(1, nt):
-            nt = (nt + 1) // 2
-        mt = m
-        while mt > 1 and not fits(mt, nt):
-            mt = (mt + 1) // 2
+        mt, nt = gemm_tile_sizes(m, n, k, es, oes, bias is not None,
+                                 self.target.scratchpad_size)
         if (mt < m and trans_a) or (nt < n and tmp is None):
             if tmp is None:
                 raise LoweringError(f"{name}: tiling needs a temporary")
@@ -705,7 +696,9 @@ class Lowerer:
                 b_blk = tmp
                 self.copy(dt, b.at(j0 * es), b_blk, (k, jn), (n, 1), (jn, 1), f"{name}: B columns "
                           f"[{j0}, {j0 + jn})")
-            c_tmp = None if jn == n else tmp.at(_align(k * nt * es))  # type: ignore[union-attr]
+            # the C block after the B block (none when B's rows are read in place)
+            c_tmp = None if jn == n else tmp.at(  # type: ignore[union-attr]
+                0 if trans_b else _align(k * nt * es))
             for i0 in range(0, m, mt):
                 im = min(mt, m - i0)
                 a_blk = a_src if trans_a else a_src.at(i0 * k * es)
@@ -859,6 +852,37 @@ class Lowerer:
                             yi, None, 1.0, beta, False, False, act, 4, None)
 
 
+def gemm_tile_sizes(m: int, n: int, k: int, es: int, oes: int, bias: bool,
+                    scratchpad: int) -> tuple[int, int]:
+    """(rows, columns) of C per GEMM tile: columns halved until one row of A with the
+    block of B (and C, bias) fits the scratchpad, then rows halved."""
+    def fits(mt: int, nt: int) -> bool:
+        return (mt * k + k * nt) * es + (mt * nt + (nt if bias else 0)) * oes <= scratchpad
+
+    nt = n
+    while nt > 1 and not fits(1, nt):
+        nt = (nt + 1) // 2
+    mt = m
+    while mt > 1 and not fits(mt, nt):
+        mt = (mt + 1) // 2
+    return mt, nt
+
+
+def gemm_temp_bytes(m: int, n: int, k: int, es: int, oes: int, trans_a: bool,
+                    trans_b: bool, scratchpad: int) -> int:
+    """The workspace gemm_tiles needs for one GEMM (either bias case): A transposed
+    once when its rows are tiled, a block of B's columns (not with TRANS_B: B's rows
+    are read in place) and a block of C when the columns are tiled."""
+    need = 0
+    for bias in (False, True):
+        mt, nt = gemm_tile_sizes(m, n, k, es, oes, bias, scratchpad)
+        t = _align(m * k * es) if mt < m and trans_a else 0
+        if nt < n:
+            t += (0 if trans_b else _align(k * nt * es)) + _align(mt * nt * oes)
+        need = max(need, t)
+    return need
+
+
 def _conv_int8_temp(n: Node) -> tuple[int, int]:
     """(padded input bytes or 0, im2col bytes per image) of an int8 conv2d."""
     x, w, y = n.inputs[0], n.inputs[1], n.outputs[0]
@@ -899,12 +923,16 @@ def temp_bytes(n: Node, target: Target) -> int:  # noqa: C901
         assert a is not None and b is not None
         es = np.dtype(a.dtype).itemsize
         oes = np.dtype(out.dtype).itemsize
-        m = a.shape[-1] if n.attrs.get("trans_a") else a.shape[-2] if len(a.shape) > 1 else 1
-        nn = b.shape[0] if n.attrs.get("trans_b") else b.shape[-1] if len(b.shape) > 1 else 1
-        k = a.shape[0] if n.attrs.get("trans_a") else a.shape[-1]
-        if (m * k + k * nn) * es + (m * nn + nn) * oes <= target.scratchpad_size:
-            return 0
-        return _align(a.nbytes) + _align(b.nbytes) + _align(out.nbytes)
+        ta, tb = bool(n.attrs.get("trans_a")), bool(n.attrs.get("trans_b"))
+        m = a.shape[-1] if ta else a.shape[-2] if len(a.shape) > 1 else 1
+        nn = b.shape[0] if tb else b.shape[-1] if len(b.shape) > 1 else 1
+        k = a.shape[0] if ta else a.shape[-1]
+        sp = target.scratchpad_size
+        need = gemm_temp_bytes(m, nn, k, es, oes, ta, tb, sp)
+        if n.op == "matmul":   # batches folded into M when B is shared
+            batch = math.prod(out.shape[:-2]) if len(out.shape) > 2 else 1
+            need = max(need, gemm_temp_bytes(batch * m, nn, k, es, oes, ta, tb, sp))
+        return need
     if n.op == "conv2d" and n.inputs[0] is not None and n.inputs[0].dtype == "int8":
         return sum(_conv_int8_temp(n))
     if n.op == "conv2d":
@@ -921,8 +949,32 @@ def temp_bytes(n: Node, target: Target) -> int:  # noqa: C901
     return 0
 
 
+def transpose_tiled_weights(g: Graph, target: Target) -> int:
+    """A constant B whose columns a GEMM must tile is stored transposed (TRANS_B): each
+    column block is then rows read in place from .va1.const, never copied into the
+    workspace (a 128 MiB weight took another 128 MiB of workspace)."""
+    changed = 0
+    for n in g.nodes:
+        if n.op != "gemm" or n.attrs.get("trans_b"):
+            continue
+        a, b = n.inputs[0], n.inputs[1]
+        if a is None or b is None or b.const is None:
+            continue
+        out = n.outputs[0]
+        m, nn = out.shape
+        k = b.shape[0]
+        es, oes = np.dtype(a.dtype).itemsize, np.dtype(out.dtype).itemsize
+        if any(gemm_tile_sizes(m, nn, k, es, oes, bias, target.scratchpad_size)[1] < nn
+               for bias in (False, True)):
+            n.inputs[1] = g.constant(np.ascontiguousarray(b.const.T), name=f"{b.name}_t")
+            n.attrs["trans_b"] = True
+            changed += 1
+    return changed
+
+
 def lower(g: Graph, target: Target, arg_symbols: dict[int, str]) -> Lowered:
     """Plan memory and emit the commands of `g` (already canonicalized)."""
+    transpose_tiled_weights(g, target)
     plan = plan_memory(g, arg_symbols, lambda n: temp_bytes(n, target))
     em = Emitter()
     lw = Lowerer(g, target, plan, em)

@@ -32,9 +32,6 @@ STATIC_OPERANDS: dict[str, tuple[int, ...]] = {
     "Clip": (1, 2), "Slice": (1, 2, 3, 4), "Split": (1,), "Pad": (1, 2, 3),
     "Expand": (1,), "Where": (0,), "ConstantOfShape": (0,), "Range": (0, 1, 2),
 }
-# Operators that only ever run at compile time: their operands must be known (static
-# shapes, initializers, Constant nodes or values folded from them).
-FOLD_ONLY = frozenset({"Shape", "Size", "ConstantOfShape", "Range"})
 
 
 # What each handler takes, checked once for every node before its handler runs:
@@ -55,7 +52,7 @@ def _op(name: str, inputs: tuple[int, int], attrs: tuple[str, ...] = ()
 
 
 def supported_ops() -> list[str]:
-    return sorted(set(_HANDLERS) | FOLD_ONLY)
+    return sorted(_HANDLERS)
 
 
 def _attrs(node: onnx.NodeProto) -> dict[str, Any]:
@@ -189,10 +186,6 @@ class _Importer:
             if std and self._fold(node):
                 continue
             h = _HANDLERS.get(node.op_type) if std else None
-            if std and node.op_type in FOLD_ONLY:
-                raise self.fail(f"its operands must be compile-time values (initializers, "
-                                f"Constant nodes or shapes), not tensors computed at run "
-                                f"time")
             if h is None:
                 op = node.op_type if std else f"{node.domain}.{node.op_type}"
                 unsupported.setdefault(op, []).append(node.name or "(unnamed)")
@@ -238,6 +231,8 @@ class _Importer:
         ConstantOfShape, ...), with ONNX's reference semantics."""
         op = node.op_type
         names = [i for i in node.input if i]
+        if op in SIGNATURES:
+            self._check_signature(node)
         if op in _SHAPE_OPS and names and names[0] in self.env and names[0] not in self.known:
             shape = np.array(self.env[names[0]].shape, dtype=np.int64)
             if op == "Size":
@@ -252,8 +247,6 @@ class _Importer:
             return True
         if op in _NEVER_FOLD or any(n not in self.known for n in names):
             return False
-        if op in SIGNATURES:
-            self._check_signature(node)
         self._check_fold_size(node)
         from onnx.reference import ReferenceEvaluator
         try:
@@ -688,18 +681,26 @@ def _dequantize(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list
     return [im.g.dequantize(x[0], scale, zp, name=n.name or None)]  # type: ignore[arg-type]
 
 
-@_op("Constant", (0, 0), ("value",))
+@_op("Constant", (0, 0), ("value", "value_float", "value_floats", "value_int",
+                          "value_ints"))
 def _constant(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value]:
-    a = _attrs(n)
-    if "value" not in a:
-        raise im.fail(f"only the 'value' form is supported (got {sorted(a)})")
-    try:
-        return [im.constant(_to_array(a["value"], "the value"), n.output[0])]
-    except GraphError as e:
-        raise im.fail(str(e)) from None
+    """Not reached: a Constant has no operands, so it is always folded at import (with
+    ONNX's reference semantics for each of its forms)."""
+    raise im.fail("a Constant was not folded")  # pragma: no cover
 
 
 # --- operators of exported models ---------------------------------------------------------
+
+def _fold_only(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value]:
+    """Reached only when the operands are not all known: these run at compile time."""
+    raise im.fail("its operands must be compile-time values (initializers, Constant nodes "
+                  "or static shapes), not tensors computed at run time")
+
+
+_op("Shape", (1, 1), ("start", "end"))(_fold_only)
+_op("Size", (1, 1))(_fold_only)
+_op("ConstantOfShape", (1, 1), ("value",))(_fold_only)
+_op("Range", (3, 3))(_fold_only)
 
 def _unary(fn: str) -> _Handler:
     def h(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value]:
@@ -954,7 +955,7 @@ def _split(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Valu
                       f"{ax} of {d} elements with non-empty parts")
     outs, pos = [], 0
     for i, sz in enumerate(sizes):
-        nm = n.output[i] or None
+        nm = f"{n.name}_{i}" if n.name else None
         outs.append(_slice_to(im, inp, {ax: (pos, pos + sz, 1)}, nm))
         pos += sz
     return outs
