@@ -99,7 +99,8 @@ def _activate(x: np.ndarray, act: str | None) -> np.ndarray:
     if act == "sigmoid":
         return sigmoid_ref(x)
     if act == "silu":
-        return (x.astype(np.float64) * sigmoid_ref(x.astype(np.float64))).astype(x.dtype)
+        s: np.ndarray = x.astype(np.float64) * sigmoid_ref(x.astype(np.float64))
+        return s.astype(x.dtype)
     raise _err(f"unknown activation {act!r}")
 
 
@@ -538,7 +539,8 @@ def _unary_attrs(node: Node) -> None:
 
 def _erf64(x: np.ndarray) -> np.ndarray:
     from math import erf
-    return np.vectorize(erf, otypes=[np.float64])(x)
+    y: np.ndarray = np.vectorize(erf, otypes=[np.float64])(x)
+    return y
 
 
 _UNARY_REF: dict[str, Callable[[np.ndarray], np.ndarray]] = {

@@ -360,7 +360,9 @@ def fuse_patterns(g: Graph) -> int:
     for n in g.nodes:
         if n.op == "mul" and id(n) not in replace:
             for s in (n.inputs[0], n.inputs[1]):
-                p = s.producer if s is not None else None
+                if s is None:
+                    continue
+                p = s.producer
                 if p is not None and p.op == "sigmoid" and _other(n, s) is p.inputs[0] \
                         and single(s) is n:
                     replace[id(n)] = Node("silu", [p.inputs[0]], n.outputs, {}, n.name)
