@@ -21,6 +21,7 @@ class Opcode(IntEnum):
     DMA_D2H = 0x03
     DMA_D2D = 0x04
     COPY = 0x08          # strided copy / transpose, up to 4-D
+    GATHER = 0x09        # rows of a table by I32 indices (embedding lookup)
     GEMM = 0x10
     ELEMENTWISE = 0x11
     CONV2D = 0x18
@@ -29,6 +30,7 @@ class Opcode(IntEnum):
     REDUCE = 0x1B
     QUANTIZE = 0x1C
     DEQUANTIZE = 0x1D
+    POOL2D = 0x1E        # max / average pooling, NCHW
     SIGNAL = 0x20
     TIMESTAMP = 0x21
     WAIT = 0x22          # poll a host u64 until it is >= value (preemptible)
@@ -55,6 +57,7 @@ class Activation(IntEnum):
     RELU = 1
     GELU = 2      # exact (erf) form, as ONNX Gelu default
     SIGMOID = 3
+    SILU = 4      # x * sigmoid(x)
 
 
 class EltOp(IntEnum):
@@ -65,9 +68,28 @@ class EltOp(IntEnum):
     DIV = 4
     GELU = 5      # unary
     SIGMOID = 6   # unary
+    MAX = 7
+    MIN = 8
+    POW = 9
+    ERF = 10         # unary, from here on
+    SQRT = 11
+    TANH = 12
+    EXP = 13
+    NEG = 14
+    RECIPROCAL = 15
+    SILU = 16
+    ABS = 17
+    LOG = 18
 
 
-UNARY_ELT_OPS = frozenset({EltOp.RELU, EltOp.GELU, EltOp.SIGMOID})
+UNARY_ELT_OPS = frozenset({EltOp.RELU, EltOp.GELU, EltOp.SIGMOID, EltOp.ERF, EltOp.SQRT,
+                           EltOp.TANH, EltOp.EXP, EltOp.NEG, EltOp.RECIPROCAL, EltOp.SILU,
+                           EltOp.ABS, EltOp.LOG})
+
+
+class PoolOp(IntEnum):
+    MAX = 0
+    AVG = 1
 
 
 class ReduceOp(IntEnum):
@@ -90,6 +112,11 @@ ELT_FLAGS_ALL = ELT_BROADCAST_B
 # CONV2D header flags.
 CONV_BIAS = 1 << 0
 CONV_FLAGS_ALL = CONV_BIAS
+
+# POOL2D header flags.
+POOL_COUNT_INCLUDE_PAD = 1 << 0   # AVG divides by the taps inside the padded input
+POOL_CEIL = 1 << 1                # output extent rounded up (ONNX ceil_mode)
+POOL_FLAGS_ALL = POOL_COUNT_INCLUDE_PAD | POOL_CEIL
 
 # WAIT: polling in virtual time. The first poll is at the command's start; the next
 # ones follow after WAIT_POLL_MIN_NS, doubling up to WAIT_POLL_MAX_NS (backoff).
@@ -131,6 +158,17 @@ PAYLOAD: dict[Opcode, Layout] = {
     Opcode.ELEMENTWISE: Layout("va1_elementwise", (
         ("op", "B"), ("dtype", "B"), ("reserved", "H"), ("cols", "I"),
         ("count", "Q"), ("a", "Q"), ("b", "Q"), ("out", "Q"))),
+    Opcode.GATHER: Layout("va1_gather", (
+        ("dtype", "B"), ("reserved", "B"), ("reserved2", "H"),
+        ("rows", "I"), ("cols", "I"), ("count", "I"),
+        ("table", "Q"), ("indices", "Q"), ("out", "Q"))),
+    Opcode.POOL2D: Layout("va1_pool2d", (
+        ("dtype", "B"), ("op", "B"), ("reserved", "H"),
+        ("n", "I"), ("c", "I"), ("h", "I"), ("w", "I"), ("reserved2", "I"),
+        ("r", "H"), ("s", "H"), ("stride_h", "H"), ("stride_w", "H"),
+        ("dilation_h", "H"), ("dilation_w", "H"),
+        ("pad_top", "H"), ("pad_left", "H"), ("pad_bottom", "H"), ("pad_right", "H"),
+        ("reserved3", "I"), ("x", "Q"), ("y", "Q"))),
     Opcode.CONV2D: Layout("va1_conv2d", (
         ("dtype", "B"), ("activation", "B"), ("reserved", "H"), ("groups", "I"),
         ("n", "I"), ("c", "I"), ("h", "I"), ("w", "I"),

@@ -1,5 +1,6 @@
 """Encoding, decoding and disassembly of VA-1 command buffers (ISA 1.0 and its
-additions: COPY, CONV2D, SOFTMAX, LAYERNORM, REDUCE, QUANTIZE, DEQUANTIZE, CALL).
+additions: COPY, GATHER, CONV2D, POOL2D, SOFTMAX, LAYERNORM, REDUCE, QUANTIZE,
+DEQUANTIZE, CALL).
 
 Every number comes from `hwspec.isa`: opcodes, header and payload layouts, flags and
 enums. Fields are packed by name from the hwspec `Layout`s, so a layout change there is
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, SupportsIndex
 
 from hwspec import isa
-from hwspec.isa import Activation, DType, EltOp, Opcode, ReduceOp
+from hwspec.isa import Activation, DType, EltOp, Opcode, PoolOp, ReduceOp
 
 IntLike = SupportsIndex  # an int, or anything with __index__ (numpy integers)
 
@@ -192,6 +193,32 @@ def conv2d_output_hw(h: int, w: int, r: int, s: int, stride: tuple[int, int] = (
         raise ValueError(f"CONV2D kernel extent ({eh}, {ew}) larger than the padded input "
                          f"({h + pt + pb}, {w + pl + pr})")
     return (h + pt + pb - eh) // stride[0] + 1, (w + pl + pr - ew) // stride[1] + 1
+
+
+def as_poolop(value: Any) -> PoolOp:
+    return _enum(PoolOp, value, "pool op")  # type: ignore[no-any-return]
+
+
+def pool2d_output_hw(h: int, w: int, r: int, s: int, stride: tuple[int, int] = (1, 1),
+                     padding: tuple[int, int, int, int] = (0, 0, 0, 0),
+                     dilation: tuple[int, int] = (1, 1), ceil: bool = False
+                     ) -> tuple[int, int]:
+    """POOL2D output height and width (spec §7): as CONV2D, or with `ceil` rounded up,
+    less one when that last window would start past the input and its start pad."""
+    pt, pl, pb, pr = padding
+    out = []
+    for size, k, st, d, lo, hi in ((h, r, stride[0], dilation[0], pt, pb),
+                                   (w, s, stride[1], dilation[1], pl, pr)):
+        ext = d * (k - 1) + 1
+        if size + lo + hi < ext:
+            raise ValueError(f"POOL2D kernel extent {ext} larger than the padded input "
+                             f"{size + lo + hi}")
+        q, rem = divmod(size + lo + hi - ext, st)
+        o = q + 1 + (1 if ceil and rem else 0)
+        if ceil and (o - 1) * st >= size + lo:
+            o -= 1
+        out.append(o)
+    return out[0], out[1]
 
 
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -557,6 +584,72 @@ class CommandBufferBuilder:
             f"CONV2D {dt.name.lower()} n={nn} c={cc} {dims['h']}x{dims['w']} k={kk} "
             f"{dims['r']}x{dims['s']} -> {oh}x{ow}"))
 
+    def pool2d(self, op: PoolOp | int | str, *, dtype: DType | int | str, n: IntLike,
+               c: IntLike, h: IntLike, w: IntLike, r: IntLike, s: IntLike, x: IntLike,
+               y: IntLike, stride: IntLike | tuple[IntLike, IntLike] = 1,
+               padding: IntLike | tuple[IntLike, IntLike, IntLike, IntLike] = 0,
+               dilation: IntLike | tuple[IntLike, IntLike] = 1,
+               count_include_pad: bool = False, ceil: bool = False,
+               name: str | None = None) -> int:
+        """y[n,c,oh,ow] = max or mean of the r x s windows of x[n,c,h,w]. MAX pads with
+        -inf; AVG divides by the taps inside the input (or, with `count_include_pad`,
+        inside the padded input). Each pad must be below the dilated kernel extent."""
+        pop = as_poolop(op)
+        dt = _float_dtype(dtype, "POOL2D")
+        dims = {nm: _uint(v, f"POOL2D {nm}", U32_MAX, minimum=1)
+                for nm, v in (("n", n), ("c", c), ("h", h), ("w", w))}
+        r = _uint(r, "POOL2D r", U16_MAX, minimum=1)
+        s = _uint(s, "POOL2D s", U16_MAX, minimum=1)
+        sh, sw = _pair(stride, "POOL2D stride", U16_MAX, 1)
+        dh, dw = _pair(dilation, "POOL2D dilation", U16_MAX, 1)
+        if isinstance(padding, (tuple, list)):
+            if len(padding) != 4:
+                raise ValueError("POOL2D padding must be one int or (top, left, bottom, right)")
+            pads = tuple(_uint(p, "POOL2D padding", U16_MAX) for p in padding)
+        else:
+            pads = (_uint(padding, "POOL2D padding", U16_MAX),) * 4
+        pt, pl, pb, pr = pads
+        eh, ew = dh * (r - 1) + 1, dw * (s - 1) + 1
+        if max(pt, pb) >= eh or max(pl, pr) >= ew:
+            raise ValueError(f"POOL2D padding {pads} must be below the dilated kernel "
+                             f"extent ({eh}, {ew})")
+        if count_include_pad and pop != PoolOp.AVG:
+            raise ValueError("POOL2D count_include_pad is for AVG only")
+        oh, ow = pool2d_output_hw(dims["h"], dims["w"], r, s, (sh, sw), (pt, pl, pb, pr),
+                                  (dh, dw), ceil)
+        es = isa.DTYPE_SIZE[dt]
+        xa, ya = _addr(x, "POOL2D x"), _addr(y, "POOL2D y")
+        _range(xa, dims["n"] * dims["c"] * dims["h"] * dims["w"] * es, "POOL2D x")
+        _range(ya, dims["n"] * dims["c"] * oh * ow * es, "POOL2D y")
+        flags = (isa.POOL_COUNT_INCLUDE_PAD if count_include_pad else 0) | \
+            (isa.POOL_CEIL if ceil else 0)
+        return self._emit(Opcode.POOL2D, flags, {
+            "dtype": dt, "op": pop, **dims, "r": r, "s": s, "stride_h": sh, "stride_w": sw,
+            "dilation_h": dh, "dilation_w": dw, "pad_top": pt, "pad_left": pl,
+            "pad_bottom": pb, "pad_right": pr, "x": xa, "y": ya},
+            name or f"POOL2D {pop.name.lower()} {dt.name.lower()} n={dims['n']} "
+                    f"c={dims['c']} {dims['h']}x{dims['w']} {r}x{s} -> {oh}x{ow}")
+
+    def gather(self, *, dtype: DType | int | str, rows: IntLike, cols: IntLike,
+               count: IntLike, table: IntLike, indices: IntLike, out: IntLike,
+               name: str | None = None) -> int:
+        """out[i, :] = table[indices[i], :] (I32 indices in [-rows, rows), negative from
+        the end; any other index gives a row of zeros): an embedding lookup."""
+        dt = as_dtype(dtype)
+        rows = _uint(rows, "GATHER rows", U32_MAX, minimum=1)
+        cols = _uint(cols, "GATHER cols", U32_MAX, minimum=1)
+        count = _uint(count, "GATHER count", U32_MAX, minimum=1)
+        es = isa.DTYPE_SIZE[dt]
+        ta, ia, oa = (_addr(table, "GATHER table"), _addr(indices, "GATHER indices"),
+                      _addr(out, "GATHER out"))
+        _range(ta, rows * cols * es, "GATHER table")
+        _range(ia, count * 4, "GATHER indices")
+        _range(oa, count * cols * es, "GATHER out")
+        return self._emit(Opcode.GATHER, 0, {"dtype": dt, "rows": rows, "cols": cols,
+                                             "count": count, "table": ta, "indices": ia,
+                                             "out": oa},
+                          name or f"GATHER {dt.name.lower()} {count} of {rows}x{cols}")
+
     def _rows(self, opcode: Opcode, dtype: Any, rows: IntLike, cols: IntLike,
               x: IntLike) -> tuple[DType, int, int, int]:
         what = opcode.name
@@ -758,15 +851,16 @@ def _format_field(cmd: DecodedCommand, key: str, value: int | float) -> str:
             return f"int_dtype={DType(value).name}"
         except ValueError:
             pass
-    elif key == "op" and cmd.opcode in (Opcode.ELEMENTWISE, Opcode.REDUCE):
-        enum: type[EltOp] | type[ReduceOp] = (
-            EltOp if cmd.opcode == Opcode.ELEMENTWISE else ReduceOp)
+    elif key == "op" and cmd.opcode in (Opcode.ELEMENTWISE, Opcode.REDUCE, Opcode.POOL2D):
+        enum: type[EltOp] | type[ReduceOp] | type[PoolOp] = (
+            EltOp if cmd.opcode == Opcode.ELEMENTWISE else
+            ReduceOp if cmd.opcode == Opcode.REDUCE else PoolOp)
         try:
             return f"op={enum(value).name}"
         except ValueError:
             pass
     elif key in ("src", "dst", "a", "b", "c", "bias", "out", "addr", "pattern", "x", "y",
-                 "weight", "gamma", "beta"):
+                 "weight", "gamma", "beta", "table", "indices"):
         return f"{key}={value:#x}"
     return f"{key}={value}"
 

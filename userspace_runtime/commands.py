@@ -11,10 +11,12 @@ from ._builder import (
     as_activation,
     as_dtype,
     as_eltop,
+    as_poolop,
     as_reduceop,
     contiguous_strides,
     conv2d_output_hw,
     decode,
+    pool2d_output_hw,
     disassemble,
 )
 
@@ -25,9 +27,11 @@ __all__ = [
     "as_activation",
     "as_dtype",
     "as_eltop",
+    "as_poolop",
     "as_reduceop",
     "contiguous_strides",
     "conv2d_output_hw",
     "decode",
     "disassemble",
+    "pool2d_output_hw",
 ]

@@ -236,6 +236,13 @@ class Function:
         out = []
         for a, v in zip(slots, values):
             arr = np.asarray(v)
+            if a.dtype == "int32" and arr.dtype == np.int64:
+                # token ids and indices from int64 models: the VA-1 has no int64, the
+                # compiler took the argument as int32; narrowing must lose nothing
+                if arr.size and (arr.min() < -2**31 or arr.max() >= 2**31):
+                    raise ValueError(f"{self.name}: input {a.name!r} has int64 values "
+                                     f"outside int32 ([{arr.min()}, {arr.max()}])")
+                arr = arr.astype(np.int32)
             if arr.dtype != np.dtype(a.dtype):
                 raise TypeError(f"{self.name}: input {a.name!r} has dtype {arr.dtype}, "
                                 f"expected {a.dtype}")

@@ -22,6 +22,9 @@ from userspace_runtime.onnx_import import compile_onnx, static_input_names
 from .models import run_module_in_vm
 
 
+_WIDEN = {onnx.TensorProto.INT64: np.int64, onnx.TensorProto.BOOL: np.bool_}
+
+
 class VA1BackendRep(BackendRep):
     """A prepared model: compiled now, or per distinct static-input values."""
 
@@ -32,6 +35,10 @@ class VA1BackendRep(BackendRep):
         inits = {i.name for i in model.graph.initializer}
         self.input_names = [i.name for i in model.graph.input if i.name not in inits]
         self.output_names = [o.name for o in model.graph.output]
+        # int64 and bool outputs (shapes, sizes: folded at compile time) come back from
+        # the VA-1 as int32; they are widened to the declared type on the host
+        self.output_types = {o.name: _WIDEN.get(o.type.tensor_type.elem_type)
+                             for o in model.graph.output}
         self.static = static_input_names(model)
         self._cache: dict[bytes, bytes] = {}
         if not self.static:
@@ -60,7 +67,8 @@ class VA1BackendRep(BackendRep):
         dyn = {k: v for k, v in feeds.items() if k not in self.static}
         out = run_module_in_vm(code, dyn, seed=self.seed)
         Outputs = namedtuple("Outputs", [f"o{i}" for i in range(len(self.output_names))])  # type: ignore[misc]
-        return Outputs(*[out[n] for n in self.output_names])
+        return Outputs(*[out[n] if self.output_types[n] is None else
+                         out[n].astype(self.output_types[n]) for n in self.output_names])
 
 
 class VA1Backend(Backend):

@@ -534,6 +534,68 @@ def _resolve_conv2d(ck: _Checker, flags: int, p: tuple) -> Command:  # type: ign
                    extra={"oh": oh, "ow": ow})
 
 
+def pool2d_output(h: int, pt: int, pb: int, ext: int, stride: int, ceil: bool) -> int:
+    """Output extent of one POOL2D axis (spec §7): floor, or with POOL_CEIL rounded up
+    unless the last window would start past the input and its start padding."""
+    span = h + pt + pb - ext
+    if not ceil:
+        return span // stride + 1
+    out = -(-span // stride) + 1
+    if (out - 1) * stride >= h + pt:
+        out -= 1
+    return out
+
+
+def _resolve_pool2d(ck: _Checker, flags: int, p: tuple) -> Command:  # type: ignore[type-arg]
+    (dtype_v, op, reserved, n, c, h, w, reserved2, r, s, sh, sw, dh, dw,
+     pt, pl, pb, pr, reserved3, x, y) = p
+    if flags & ~isa.POOL_FLAGS_ALL:
+        raise ck.fail(Status.BAD_ARG, f"POOL2D flags {flags:#x}")
+    ck.zero(reserved, "reserved")
+    ck.zero(reserved2, "reserved2")
+    ck.zero(reserved3, "reserved3")
+    ck.enum(isa.PoolOp, op, "pool op")
+    if flags & isa.POOL_COUNT_INCLUDE_PAD and op != isa.PoolOp.AVG:
+        raise ck.fail(Status.BAD_ARG, "COUNT_INCLUDE_PAD with MAX")
+    dt = ck.dtype(dtype_v)
+    ck.shape(n=n, c=c, h=h, w=w, r=r, s=s, stride_h=sh, stride_w=sw, dilation_h=dh,
+             dilation_w=dw)
+    ext_h, ext_w = dh * (r - 1) + 1, dw * (s - 1) + 1
+    if max(pt, pb) >= ext_h or max(pl, pr) >= ext_w:
+        raise ck.fail(Status.BAD_SHAPE, f"padding ({pt},{pl},{pb},{pr}) not below the "
+                                        f"dilated kernel extent ({ext_h},{ext_w})")
+    if h + pt + pb < ext_h or w + pl + pr < ext_w:
+        raise ck.fail(Status.BAD_SHAPE, "kernel larger than the padded input")
+    ceil = bool(flags & isa.POOL_CEIL)
+    oh = pool2d_output(h, pt, pb, ext_h, sh, ceil)
+    ow = pool2d_output(w, pl, pr, ext_w, sw, ceil)
+    xv = ck.typed(x, dt, (n, c, h, w), "x")
+    yv = ck.typed(y, dt, (n, c, oh, ow), "y")
+    cost = _cost(ck, dt, n * c * oh * ow * r * s, xv.nbytes + yv.nbytes)
+    run = _bind(ck, kernels.pool2d, {"x": xv, "y": yv}, "y", op=op, window=(r, s),
+                stride=(sh, sw), dilation=(dh, dw), pads=(pt, pl, pb, pr),
+                include_pad=bool(flags & isa.POOL_COUNT_INCLUDE_PAD))
+    return Command(Opcode.POOL2D, ck.offset, cost, dtype=dt, op=op, run=run,
+                   extra={"oh": oh, "ow": ow})
+
+
+def _resolve_gather(ck: _Checker, flags: int, p: tuple) -> Command:  # type: ignore[type-arg]
+    dtype_v, reserved, reserved2, rows, cols, count, table, indices, out = p
+    ck.zero(reserved, "reserved")
+    ck.zero(reserved2, "reserved2")
+    dt = ck.dtype(dtype_v, _ALL_DTYPES)
+    ck.shape(rows=rows, cols=cols, count=count)
+    tv = ck.typed(table, dt, (rows, cols), "table")
+    iv = ck.device(indices, ck.nbytes(count, 4), "indices").view("<i4")
+    ov = ck.typed(out, dt, (count, cols), "out")
+    nbytes = 2 * ov.nbytes + iv.nbytes
+    cost = roofline_ns(ck.env.config.cmd_overhead_ns, nbytes=nbytes,
+                       bandwidth=ck.env.config.mem_bandwidth)
+    return Command(Opcode.GATHER, ck.offset, cost, dtype=dt, size=ov.nbytes,
+                   run=_bind(ck, kernels.gather, {"table": tv, "indices": iv, "out": ov},
+                             "out"))
+
+
 def _rows_cols(ck: _Checker, dt: DType, rows: int, cols: int, x: int) -> np.ndarray:
     ck.shape(rows=rows, cols=cols)
     return ck.typed(x, dt, (rows, cols), "x")
@@ -690,7 +752,9 @@ OPS: dict[Opcode, OpSpec] = {
     Opcode.COPY: OpSpec(_one(_resolve_copy), ex.bound_kernel),
     Opcode.GEMM: OpSpec(_one(_resolve_gemm), ex.bound_kernel, checks_flags=True),
     Opcode.ELEMENTWISE: OpSpec(_one(_resolve_elementwise), ex.bound_kernel, checks_flags=True),
+    Opcode.GATHER: OpSpec(_one(_resolve_gather), ex.bound_kernel),
     Opcode.CONV2D: OpSpec(_one(_resolve_conv2d), ex.bound_kernel, checks_flags=True),
+    Opcode.POOL2D: OpSpec(_one(_resolve_pool2d), ex.bound_kernel, checks_flags=True),
     Opcode.SOFTMAX: OpSpec(_one(_resolve_softmax), ex.bound_kernel),
     Opcode.LAYERNORM: OpSpec(_one(_resolve_layernorm), ex.bound_kernel),
     Opcode.REDUCE: OpSpec(_one(_resolve_reduce), ex.bound_kernel),

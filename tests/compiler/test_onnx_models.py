@@ -10,6 +10,7 @@ import pytest
 
 onnx = pytest.importorskip("onnx", reason="the onnx extra is not installed")
 
+from onnx import TensorProto, helper  # noqa: E402
 from onnx.reference import ReferenceEvaluator  # noqa: E402
 
 from virtaccel import onnx_backend  # noqa: E402
@@ -44,9 +45,30 @@ def test_onnx_model_matches_reference_evaluator(name: str) -> None:
 
 
 def test_unsupported_operator_names_operator_and_node() -> None:
-    with pytest.raises(OnnxImportError, match=r"node the_cosine \(Cos\): operator Cos is "
-                                              r"not supported"):
+    with pytest.raises(OnnxImportError, match=r"1 operator\(s\) not supported by the VA-1 "
+                                              r"compiler, in 1 node\(s\): Cos x1 "
+                                              r"\(the_cosine\)"):
         compile_onnx(onnx_models.unsupported())
+
+
+def test_every_unsupported_operator_is_listed_at_once_with_counts() -> None:
+    """Not only the first: each operator with how many nodes use it and their names,
+    also when one unsupported node reads another's output, and custom domains."""
+    N = helper.make_node
+    nodes = [N("Cos", ["x"], ["a"], name="cos1"), N("Relu", ["a"], ["b"], name="r"),
+             N("Cos", ["b"], ["c"], name="cos2"), N("Sin", ["c"], ["d"], name="sin1"),
+             N("Fancy", ["d"], ["y"], name="f1", domain="com.example")]
+    m = helper.make_model(
+        helper.make_graph(nodes, "many", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                        [2, 3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])]),
+        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)])
+    with pytest.raises(OnnxImportError) as ei:
+        compile_onnx(m)
+    msg = str(ei.value)
+    assert ("3 operator(s) not supported by the VA-1 compiler, in 4 node(s): Cos x2 (cos1, "
+            "cos2); Sin x1 (sin1); com.example.Fancy x1 (f1)") in msg, msg
+    assert "\n" not in msg
 
 
 def test_onnx_shape_mismatch_names_the_node() -> None:
@@ -90,7 +112,7 @@ def test_cli_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "bad.onnx"
     onnx.save(onnx_models.unsupported(), str(bad))
     assert cli_main(["compile", str(bad), "-o", str(tmp_path / "x.vaelf")]) == 2
-    assert "operator Cos" in capsys.readouterr().err
+    assert "Cos x1 (the_cosine)" in capsys.readouterr().err
     assert cli_main(["compile", str(tmp_path / "missing.onnx"), "-o", "x"]) == 2
     capsys.readouterr()
     good = tmp_path / "mlp.onnx"
@@ -117,10 +139,14 @@ def test_backend_run_model_and_prepare() -> None:
 
 def test_claimed_operators() -> None:
     assert set(supported_ops()) == {
-        "Add", "BatchNormalization", "Constant", "Conv", "DequantizeLinear", "Div",
-        "Flatten", "Gelu", "Gemm", "Identity", "LayerNormalization", "MatMul", "Mul",
-        "QuantizeLinear", "ReduceMax", "ReduceMean", "ReduceMin", "ReduceSum", "Relu",
-        "Reshape", "Sigmoid", "Softmax", "Squeeze", "Sub", "Transpose", "Unsqueeze"}
+        "Abs", "Add", "AveragePool", "BatchNormalization", "Clip", "Concat", "Constant",
+        "ConstantOfShape", "Conv", "DequantizeLinear", "Div", "Erf", "Exp", "Expand",
+        "Flatten", "Gather", "Gelu", "Gemm", "GlobalAveragePool", "GlobalMaxPool",
+        "HardSigmoid", "HardSwish", "Identity", "LayerNormalization", "Log", "MatMul", "Max",
+        "MaxPool", "Min", "Mul", "Neg", "Pad", "Pow", "QuantizeLinear", "Range",
+        "Reciprocal", "ReduceMax", "ReduceMean", "ReduceMin", "ReduceSum", "Relu",
+        "Reshape", "Shape", "Sigmoid", "Size", "Slice", "Softmax", "Split", "Sqrt",
+        "Squeeze", "Sub", "Tanh", "Transpose", "Unsqueeze", "Where"}
 
 
 @pytest.mark.parametrize("image", ["microvm-mmio.toml", "passthrough-pci.toml"])

@@ -35,6 +35,19 @@ def conv(flags: int = 0, **kw: Any) -> bytes:
     return enc(Opcode.CONV2D, flags, **f)
 
 
+def pool(flags: int = 0, **kw: Any) -> bytes:
+    f = dict(dtype=0, op=0, n=1, c=2, h=4, w=4, r=2, s=2, stride_h=2, stride_w=2,
+             dilation_h=1, dilation_w=1, x=0, y=4096)
+    f.update(kw)
+    return enc(Opcode.POOL2D, flags, **f)
+
+
+def gather(**kw: Any) -> bytes:
+    f = dict(dtype=0, rows=4, cols=8, count=3, table=0, indices=4096, out=8192)
+    f.update(kw)
+    return enc(Opcode.GATHER, **f)
+
+
 def copy(**kw: Any) -> bytes:
     f = dict(dtype=0, ndim=2, src=0, dst=4096, shape0=4, shape1=4, src_stride0=4,
              src_stride1=1, dst_stride0=1, dst_stride1=4)
@@ -74,7 +87,7 @@ def cases(rig: Rig) -> list[tuple[str, bytes, Status]]:
         # opcodes and lengths
         ("unassigned 0x05", hdr(0x05, 8), Status.BAD_OPCODE),
         ("unassigned 0x12", hdr(0x12, 8), Status.BAD_OPCODE),
-        ("unassigned 0x1E", hdr(0x1E, 8), Status.BAD_OPCODE),
+        ("unassigned 0x1F", hdr(0x1F, 8), Status.BAD_OPCODE),
         ("conv short", hdr(Opcode.CONV2D, 88) + conv()[8:-8], Status.BAD_LENGTH),
         ("call long", enc(Opcode.CALL, length=32, addr=host, size=32) + bytes(8),
          Status.BAD_LENGTH),
@@ -82,11 +95,17 @@ def cases(rig: Rig) -> list[tuple[str, bytes, Status]]:
         ("conv flag", conv(flags=2), Status.BAD_ARG),
         ("conv reserved", conv(reserved=1), Status.BAD_ARG),
         ("conv reserved2", conv(reserved2=1), Status.BAD_ARG),
-        ("conv act", conv(activation=4), Status.BAD_ARG),
+        ("conv act", conv(activation=5), Status.BAD_ARG),
+        ("pool flag", pool(flags=4), Status.BAD_ARG),
+        ("pool op", pool(op=2), Status.BAD_ARG),
+        ("pool include pad with max", pool(flags=isa.POOL_COUNT_INCLUDE_PAD), Status.BAD_ARG),
+        ("pool reserved", pool(reserved3=1), Status.BAD_ARG),
+        ("gather reserved", gather(reserved2=1), Status.BAD_ARG),
         ("elt flag", elt(flags=2), Status.BAD_ARG),
         ("elt cols without flag", elt(cols=4), Status.BAD_ARG),
         ("elt bcast unary", elt(isa.ELT_BROADCAST_B, op=5, cols=4), Status.BAD_ARG),
-        ("elt op", elt(op=7), Status.BAD_ARG),
+        ("elt op", elt(op=19), Status.BAD_ARG),
+        ("elt bcast unary erf", elt(isa.ELT_BROADCAST_B, op=10, cols=4), Status.BAD_ARG),
         ("copy flags", hdr(Opcode.COPY, 112, 1) + copy()[8:], Status.BAD_ARG),
         ("copy ndim 0", copy(ndim=0), Status.BAD_ARG),
         ("copy ndim 5", copy(ndim=5), Status.BAD_ARG),
@@ -109,13 +128,16 @@ def cases(rig: Rig) -> list[tuple[str, bytes, Status]]:
         ("gemm i8 alpha", gemm(1, 1, 1, 0, 0, 0, dtype=2, alpha=2.0), Status.BAD_ARG),
         ("gemm i8 beta", gemm(1, 1, 1, 0, 0, 0, dtype=2, beta=0.5), Status.BAD_ARG),
         ("gemm i8 gelu", gemm(1, 1, 1, 0, 0, 0, dtype=2, act=2), Status.BAD_ARG),
-        ("gemm act 4", gemm(1, 1, 1, 0, 0, 0, act=4), Status.BAD_ARG),
+        ("gemm act 5", gemm(1, 1, 1, 0, 0, 0, act=5), Status.BAD_ARG),
+        ("gemm i8 silu", gemm(1, 1, 1, 0, 0, 0, dtype=2, act=4), Status.BAD_ARG),
         ("call flags", hdr(Opcode.CALL, 24, 1) + struct.pack("<QII", host, 32, 0),
          Status.BAD_ARG),
         ("call reserved", enc(Opcode.CALL, addr=host, size=32, reserved=1), Status.BAD_ARG),
         # BAD_DTYPE
         ("conv i8", conv(dtype=2), Status.BAD_DTYPE),
         ("conv unknown", conv(dtype=7), Status.BAD_DTYPE),
+        ("pool i8", pool(dtype=2), Status.BAD_DTYPE),
+        ("gather unknown", gather(dtype=9), Status.BAD_DTYPE),
         ("softmax i32", rowwise(SM, dtype=3), Status.BAD_DTYPE),
         ("layernorm i8", rowwise(LN, dtype=2), Status.BAD_DTYPE),
         ("reduce i32", rowwise(RD, dtype=3), Status.BAD_DTYPE),
@@ -136,6 +158,13 @@ def cases(rig: Rig) -> list[tuple[str, bytes, Status]]:
         ("conv pad >= kernel", conv(pad_bottom=3), Status.BAD_SHAPE),
         ("conv dilated kernel > input", conv(dilation_w=2), Status.BAD_SHAPE),
         ("conv huge", conv(n=2**32 - 1, c=2**32 - 1, h=2**32 - 1, w=2**32 - 1),
+         Status.BAD_SHAPE),
+        ("pool c 0", pool(c=0), Status.BAD_SHAPE),
+        ("pool stride 0", pool(stride_h=0), Status.BAD_SHAPE),
+        ("pool pad >= kernel", pool(pad_left=2), Status.BAD_SHAPE),
+        ("pool kernel > input", pool(r=5, s=5, pad_top=1), Status.BAD_SHAPE),
+        ("gather count 0", gather(count=0), Status.BAD_SHAPE),
+        ("gather rows*cols overflows", gather(rows=2**32 - 1, cols=2**32 - 1),
          Status.BAD_SHAPE),
         ("elt bcast cols 0", elt(isa.ELT_BROADCAST_B, cols=0), Status.BAD_SHAPE),
         ("elt bcast count % cols", elt(isa.ELT_BROADCAST_B, cols=5), Status.BAD_SHAPE),
@@ -161,6 +190,13 @@ def cases(rig: Rig) -> list[tuple[str, bytes, Status]]:
         ("conv bias ignored without flag", conv(bias=BIG - 1) + conv(y=m - 4 * 2 * 2 * 2 + 4),
          Status.OUT_OF_BOUNDS),
         ("elt bcast b", elt(isa.ELT_BROADCAST_B, cols=4, b=m - 12), Status.OUT_OF_BOUNDS),
+        ("pool x", pool(x=m - 60), Status.OUT_OF_BOUNDS),
+        ("pool y", pool(y=m - 28), Status.OUT_OF_BOUNDS),
+        ("pool y (ceil)", pool(flags=isa.POOL_CEIL, h=5, w=5, x=0, y=m - 68),
+         Status.OUT_OF_BOUNDS),
+        ("gather table", gather(table=m - 124), Status.OUT_OF_BOUNDS),
+        ("gather indices", gather(indices=m - 8), Status.OUT_OF_BOUNDS),
+        ("gather out", gather(out=m - 92), Status.OUT_OF_BOUNDS),
         ("copy src extent", copy(src=m - 60), Status.OUT_OF_BOUNDS),
         ("copy dst extent", copy(dst=m - 60), Status.OUT_OF_BOUNDS),
         ("copy src strided", copy(src_stride0=m // 8), Status.OUT_OF_BOUNDS),

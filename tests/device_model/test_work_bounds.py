@@ -202,6 +202,31 @@ def conv_cases(rng: np.random.Generator) -> Iterator[Case]:
             y=y), im.data, (y, NP[dt], (n, k, oh, ow)))
 
 
+def model_op_cases(rng: np.random.Generator) -> Iterator[Case]:
+    """POOL2D, GATHER and the f16 unary functions, at shapes over the 1 MiB bound."""
+    for op, flags, o in ((isa.PoolOp.MAX, isa.POOL_CEIL, 29), (isa.PoolOp.AVG, 0, 28)):
+        im = Image(rng)
+        x = im.rand((2, 64, 56, 56), DType.F32)
+        y = im.out((2, 64, o, o), DType.F32)
+        yield Case(f"pool2d-{op.name}", enc(
+            Opcode.POOL2D, flags, dtype=DType.F32, op=op, n=2, c=64, h=56, w=56, r=3, s=3,
+            stride_h=2, stride_w=2, dilation_h=1, dilation_w=1, pad_top=1, pad_left=1,
+            pad_bottom=1, pad_right=1, x=x, y=y), im.data, (y, NP[DType.F32], (2, 64, o, o)))
+    im = Image(rng)
+    table = im.rand((1000, 512), DType.F32)
+    idx = im.put(rng.integers(-1000, 1000, 2000).astype(np.int32))
+    out = im.out((2000, 512), DType.F32)
+    yield Case("gather-2000x512", enc(Opcode.GATHER, dtype=DType.F32, rows=1000, cols=512,
+                                      count=2000, table=table, indices=idx, out=out),
+               im.data, (out, NP[DType.F32], (2000, 512)))
+    im = Image(rng)
+    a = im.rand((1 << 20,), DType.F16)
+    o = im.out((1 << 20,), DType.F16)
+    yield Case("tanh-f16-1M", enc(Opcode.ELEMENTWISE, op=isa.EltOp.TANH, dtype=DType.F16,
+                                  count=1 << 20, a=a, out=o), im.data, (o, NP[DType.F16],
+                                                                        (1 << 20,)))
+
+
 def movement_cases(rng: np.random.Generator) -> Iterator[Case]:
     for shift in (-4096 - 3, 100_000):  # D2D over itself, both directions
         im = Image(rng)
@@ -219,7 +244,8 @@ def movement_cases(rng: np.random.Generator) -> Iterator[Case]:
 
 GENERATORS: dict[str, Callable[[np.random.Generator], Iterator[Case]]] = {
     "gemm": gemm_cases, "elementwise": elementwise_cases, "rowwise": rowwise_cases,
-    "quant": quant_cases, "conv2d": conv_cases, "movement": movement_cases}
+    "quant": quant_cases, "conv2d": conv_cases, "movement": movement_cases,
+    "model_ops": model_op_cases}
 
 
 @pytest.mark.parametrize("kind", list(GENERATORS))

@@ -148,7 +148,7 @@ def test_default_names_describe_the_command() -> None:
     (lambda b: b.gemm(dtype="f32", m=1, n=1, k=1, a=0, b=0, c=0, alpha="x"),
      TypeError, "GEMM alpha"),
     (lambda b: b.elementwise("add", dtype="f32", count=4, a=0, out=0), ValueError, "b is required"),
-    (lambda b: b.elementwise("pow", dtype="f32", count=4, a=0, b=0, out=0), ValueError,
+    (lambda b: b.elementwise("atan2", dtype="f32", count=4, a=0, b=0, out=0), ValueError,
      "elementwise op"),
     (lambda b: b.elementwise("relu", dtype="f32", count=0, a=0, out=0), ValueError,
      "ELEMENTWISE count"),
@@ -303,3 +303,28 @@ def raw_decode_local(data: bytes) -> list[dict[str, Any]]:
         out.append(cmd)
         pos += cmd["length"]
     return out
+
+
+def test_pool2d_and_gather_encode_their_layouts_and_check_arguments() -> None:
+    from hwspec.isa import Opcode, PoolOp
+
+    from userspace_runtime.commands import CommandBufferBuilder, decode, pool2d_output_hw
+    b = CommandBufferBuilder()
+    b.pool2d("max", dtype="f32", n=1, c=8, h=13, w=13, r=3, s=3, stride=2, ceil=True,
+             x=0, y=4096)
+    b.gather(dtype="f32", rows=100, cols=64, count=16, table=0, indices=1 << 16,
+             out=1 << 17)
+    pool, gather = decode(b.bytes())
+    assert pool.opcode == Opcode.POOL2D and pool.flags == 2
+    assert pool.fields["op"] == PoolOp.MAX and pool.fields["r"] == 3
+    assert gather.opcode == Opcode.GATHER and gather.fields["count"] == 16
+    assert pool2d_output_hw(13, 13, 3, 3, (2, 2), ceil=True) == (6, 6)
+    assert pool2d_output_hw(14, 14, 3, 3, (2, 2), ceil=True) == (7, 7)
+    assert pool2d_output_hw(14, 14, 3, 3, (2, 2)) == (6, 6)
+    with pytest.raises(ValueError, match="count_include_pad is for AVG only"):
+        b.pool2d("max", dtype="f32", n=1, c=1, h=4, w=4, r=2, s=2, x=0, y=0,
+                 count_include_pad=True)
+    with pytest.raises(ValueError, match="POOL2D padding"):
+        b.pool2d("avg", dtype="f32", n=1, c=1, h=4, w=4, r=2, s=2, x=0, y=0, padding=2)
+    with pytest.raises(ValueError, match="GATHER count"):
+        b.gather(dtype="f32", rows=1, cols=1, count=0, table=0, indices=0, out=0)

@@ -1,7 +1,6 @@
 """The compiler driver: passes, canonicalization for the ISA, lowering, code object."""
 from __future__ import annotations
 
-import copy
 import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
@@ -18,6 +17,7 @@ from ._passes import (
     fold_batchnorm,
     fold_constants,
     fuse_epilogues,
+    fuse_patterns,
     infer_shapes,
 )
 from ._target import Target
@@ -31,7 +31,7 @@ class CompileOptions:
     fold_constants: bool = True
     fold_batchnorm: bool = True
     fuse: bool = True
-    fuse_activations: frozenset[str] = frozenset({"relu", "gelu", "sigmoid"})
+    fuse_activations: frozenset[str] = frozenset({"relu", "gelu", "sigmoid", "silu"})
     # int8 post-training quantization: calibration feeds ({input name: array} each);
     # None keeps the graph in float.
     calibration: Sequence[Mapping[str, Any]] | None = None
@@ -158,13 +158,16 @@ def compile_graph(graph: Graph, target: Target | None = None,
     opts = options or CompileOptions()
     if not graph.outputs:
         raise GraphError(f"graph {graph.name}: no outputs")
-    g = copy.deepcopy(graph)
+    g = graph.clone()
     report: dict[str, int] = {}
     infer_shapes(g)
     _check_fits(g, target)
     if opts.fold_constants:
         report["fold_constants"] = fold_constants(g)
     report["dce"] = eliminate_dead_code(g)
+    if opts.fuse:
+        report["fuse_patterns"] = fuse_patterns(g)
+        report["dce"] += eliminate_dead_code(g)
     if opts.fold_batchnorm:
         report["fold_batchnorm"] = fold_batchnorm(g)
     if opts.fuse:

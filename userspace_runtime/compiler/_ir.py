@@ -92,7 +92,7 @@ class Graph:
         self.outputs: list[Value] = []
         self.nodes: list[Node] = []
         self._names: set[str] = set()
-        self._counter = itertools.count()
+        self._counter = 0
 
     # -- naming -----------------------------------------------------------------------
 
@@ -100,7 +100,8 @@ class Graph:
         """A value/node name not used yet in this graph, derived from `base`."""
         name = base
         while name in self._names:
-            name = f"{base}_{next(self._counter)}"
+            name = f"{base}_{self._counter}"
+            self._counter += 1
         self._names.add(name)
         return name
 
@@ -125,7 +126,7 @@ class Graph:
         elif arr.dtype == np.int64:
             arr = arr.astype(np.int32)
         dt = as_dtype_name(arr.dtype)
-        arr = np.ascontiguousarray(arr)
+        arr = np.array(arr, order="C", copy=None)   # (ascontiguousarray makes 0-d 1-d)
         arr.setflags(write=False)
         return Value(self.unique(name), tuple(int(d) for d in arr.shape), dt, const=arr)
 
@@ -262,6 +263,34 @@ class Graph:
         """Inference-form BatchNormalization over channel axis 1."""
         return self._one("batchnorm", [x, scale, bias, mean, var], name,
                          epsilon=float(epsilon))
+
+    def clone(self) -> Graph:
+        """A copy whose values and nodes are new objects (constants' data is shared:
+        it is read-only). Iterative: a 10 000-node chain copies like a short one
+        (copy.deepcopy recursed once per producer link)."""
+        g = Graph(self.name)
+        g._names = set(self._names)
+        g._counter = self._counter
+        vmap: dict[int, Value] = {}
+
+        def val(v: Value) -> Value:
+            nv = vmap.get(id(v))
+            if nv is None:
+                nv = Value(v.name, v.shape, v.dtype, None, v.const, v.quant)
+                vmap[id(v)] = nv
+            return nv
+
+        g.inputs = [val(v) for v in self.inputs]
+        for n in self.nodes:
+            nn = Node(n.op, [None if v is None else val(v) for v in n.inputs], [],
+                      dict(n.attrs), n.name)
+            for o in n.outputs:
+                no = val(o)
+                no.producer = nn
+                nn.outputs.append(no)
+            g.nodes.append(nn)
+        g.outputs = [val(v) for v in self.outputs]
+        return g
 
     # -- inspection ---------------------------------------------------------------------
 

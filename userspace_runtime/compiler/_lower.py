@@ -25,7 +25,11 @@ from ._target import Target
 _ALIGN = 64
 _NP_TO_ISA = {"float32": DType.F32, "float16": DType.F16, "int8": DType.I8,
               "int32": DType.I32}
-_ACT = {None: 0, "relu": 1, "gelu": 2, "sigmoid": 3}
+_ACT = {None: 0, "relu": 1, "gelu": 2, "sigmoid": 3, "silu": 4}
+_COMMUTATIVE = (isa.EltOp.ADD, isa.EltOp.MUL, isa.EltOp.MAX, isa.EltOp.MIN)
+_UNARY = {"erf": isa.EltOp.ERF, "sqrt": isa.EltOp.SQRT, "tanh": isa.EltOp.TANH,
+          "exp": isa.EltOp.EXP, "neg": isa.EltOp.NEG, "reciprocal": isa.EltOp.RECIPROCAL,
+          "abs": isa.EltOp.ABS, "log": isa.EltOp.LOG, "silu": isa.EltOp.SILU}
 
 
 class LoweringError(GraphError):
@@ -190,6 +194,9 @@ def plan_memory(g: Graph, arg_symbols: dict[int, str],
     peak = 0
     for s, e, sz, key in sorted(items + temps_needed, key=lambda t: (t[0], -t[2])):
         sz = _align(max(sz, 1))
+        # blocks are placed in order of their start: one that ended before this start
+        # overlaps nothing later (dropping it keeps a long chain linear, not quadratic)
+        placed = [p for p in placed if p[1] >= s]
         busy = sorted((o, o + z) for ps, pe, o, z in placed if not (pe < s or ps > e))
         off = 0
         for lo, hi in busy:
@@ -334,8 +341,7 @@ class Lowerer:
         b = n.inputs[1]
         assert b is not None
         ra, rb = self.ref(a), self.ref(b)
-        if a.shape != out.shape and b.shape == out.shape and op in (isa.EltOp.ADD,
-                                                                     isa.EltOp.MUL):
+        if a.shape != out.shape and b.shape == out.shape and op in _COMMUTATIVE:
             a, b, ra, rb = b, a, rb, ra
         if a.shape != out.shape:
             tmp = self.plan.temps[id(n)]
@@ -402,6 +408,132 @@ class Lowerer:
 
     def _sigmoid(self, n: Node) -> None:
         self._eltwise(n, isa.EltOp.SIGMOID)
+
+    def _silu(self, n: Node) -> None:
+        self._eltwise(n, isa.EltOp.SILU)
+
+    def _unary(self, n: Node) -> None:
+        self._eltwise(n, _UNARY[n.attrs["fn"]])
+
+    def _max(self, n: Node) -> None:
+        self._eltwise(n, isa.EltOp.MAX)
+
+    def _min(self, n: Node) -> None:
+        self._eltwise(n, isa.EltOp.MIN)
+
+    def _pow(self, n: Node) -> None:
+        self._eltwise(n, isa.EltOp.POW)
+
+    # pooling and data movement ----------------------------------------------------------
+
+    def _pool2d(self, n: Node) -> None:
+        x, y = n.inputs[0], n.outputs[0]
+        assert x is not None
+        at = n.attrs
+        N, C, H, W = x.shape
+        (r, s), (sh, sw), (dh, dw) = at["kernel"], at["stride"], at["dilation"]
+        pt, pl, pb, pr = at["padding"]
+        if max(pt, pb) >= dh * (r - 1) + 1 or max(pl, pr) >= dw * (s - 1) + 1:
+            raise LoweringError(f"node {n.name}: pool2d padding {list(at['padding'])} not "
+                                f"below the kernel extent")
+        dt = isa_dtype(x)
+        es = isa.DTYPE_SIZE[dt]
+        oh, ow = y.shape[2:]
+        flags = (isa.POOL_CEIL if at.get("ceil") else 0) | (
+            isa.POOL_COUNT_INCLUDE_PAD if at.get("count_include_pad") else 0)
+        per_image = C * (H * W + oh * ow) * es
+        imgs = max(1, self.target.scratchpad_size // max(per_image, 1))
+        for n0 in range(0, N, imgs):
+            nb = min(imgs, N - n0)
+            self.em.cmd(Opcode.POOL2D, {
+                "dtype": dt, "op": isa.PoolOp.MAX if at["mode"] == "max" else isa.PoolOp.AVG,
+                "n": nb, "c": C, "h": H, "w": W, "r": r, "s": s, "stride_h": sh,
+                "stride_w": sw, "dilation_h": dh, "dilation_w": dw, "pad_top": pt,
+                "pad_left": pl, "pad_bottom": pb, "pad_right": pr,
+                "x": self.ref(x).at(n0 * C * H * W * es),
+                "y": self.ref(y).at(n0 * C * oh * ow * es)}, flags=flags,
+                name=f"{n.name}: {at['mode']}pool images [{n0}, {n0 + nb})")
+
+    def _concat(self, n: Node) -> None:
+        out = n.outputs[0]
+        ax = n.attrs["axis"] % len(out.shape)
+        outer = math.prod(out.shape[:ax])
+        inner = math.prod(out.shape[ax + 1:])
+        dt = isa_dtype(out)
+        es = isa.DTYPE_SIZE[dt]
+        pos = 0
+        for v in n.inputs:
+            assert v is not None
+            cols = v.shape[ax] * inner
+            self.copy(dt, self.ref(v), self.ref(out).at(pos * inner * es), (outer, cols),
+                      (cols, 1), (out.shape[ax] * inner, 1), f"{n.name}: concat {v.name}")
+            pos += v.shape[ax]
+
+    def _slice(self, n: Node) -> None:
+        x, out = n.inputs[0], n.outputs[0]
+        assert x is not None
+        dt = isa_dtype(x)
+        es = isa.DTYPE_SIZE[dt]
+        st = contiguous_strides(x.shape)
+        sl = n.attrs["slices"]
+        neg = [i for i, t in enumerate(sl) if t[2] < 0]
+        ost = contiguous_strides(out.shape)
+        for idx in np.ndindex(*[sl[i][1] for i in neg]):
+            # axes with a negative step are walked index by index (COPY strides are
+            # unsigned); the others are one strided COPY
+            fixed = dict(zip(neg, idx))
+            src = sum((t[0] + fixed.get(i, 0) * t[2]) * st[i] for i, t in enumerate(sl))
+            dst = sum(fixed.get(i, 0) * ost[i] for i in range(len(sl)))
+            shape = tuple(1 if i in fixed else t[1] for i, t in enumerate(sl))
+            sst = tuple(0 if i in fixed else t[2] * st[i] for i, t in enumerate(sl))
+            self.copy(dt, self.ref(x).at(src * es), self.ref(out).at(dst * es), shape, sst,
+                      ost, f"{n.name}: slice")
+
+    def _gather(self, n: Node) -> None:
+        data, idx = n.inputs[0], n.inputs[1]
+        out = n.outputs[0]
+        assert data is not None and idx is not None
+        ax = n.attrs["axis"] % len(data.shape)
+        outer = math.prod(data.shape[:ax])
+        rows = data.shape[ax]
+        cols = math.prod(data.shape[ax + 1:])
+        dt = isa_dtype(data)
+        es = isa.DTYPE_SIZE[dt]
+        count = idx.size
+        for a in range(outer):
+            self.em.cmd(Opcode.GATHER, {
+                "dtype": dt, "rows": rows, "cols": cols, "count": count,
+                "table": self.ref(data).at(a * rows * cols * es), "indices": self.ref(idx),
+                "out": self.ref(out).at(a * count * cols * es)},
+                name=f"{n.name}: gather [{a}] {count} of {rows}x{cols}")
+
+    def _pad(self, n: Node) -> None:
+        x, out = n.inputs[0], n.outputs[0]
+        assert x is not None
+        dt = isa_dtype(x)
+        es = isa.DTYPE_SIZE[dt]
+        value = np.array(n.attrs.get("value", 0.0), dtype=x.dtype)
+        pattern = np.frombuffer(np.resize(value.reshape(1), 4 // es).tobytes(), "<u4")[0]
+        whole = out.nbytes // 4 * 4
+        if whole:
+            self.em.cmd(Opcode.FILL, {"dst": self.ref(out), "size": whole,
+                                      "pattern": int(pattern)}, name=f"{n.name}: pad value")
+        if whole != out.nbytes:   # an odd number of 2-byte elements: the last one
+            self.em.cmd(Opcode.DMA_D2D, {"src": self.const_ref(value.reshape(1)),
+                                         "dst": self.ref(out).at(whole), "size": es},
+                        name=f"{n.name}: pad value (last)")
+        p = n.attrs["pads"]
+        r = len(x.shape)
+        ost = contiguous_strides(out.shape)
+        off = sum(p[i] * ost[i] for i in range(r))
+        self.copy(dt, self.ref(x), self.ref(out).at(off * es), x.shape,
+                  contiguous_strides(x.shape), ost, f"{n.name}: pad interior")
+
+    def _expand(self, n: Node) -> None:
+        x = n.inputs[0]
+        assert x is not None
+        self.broadcast_into(x, n.outputs[0].shape, self.ref(n.outputs[0]),
+                            f"{n.name}: expand")
 
     # rows x cols ops (softmax, layernorm, reduce) over trailing axes
     def _rows_cols_op(self, n: Node, x: Value, axis: int, emit: Callable[[Ref, Ref, int, int,
@@ -538,19 +670,10 @@ class Lowerer:
         rows of C, then, if B alone is too big, over column blocks of C (B and C
         blocks moved through the node's temporary with strided COPYs)."""
         es = isa.DTYPE_SIZE[dt]
-        sp = self.target.scratchpad_size
         flags = (isa.GEMM_TRANS_A if trans_a else 0) | (isa.GEMM_TRANS_B if trans_b else 0)
         odt = DType.I32 if dt == DType.I8 else dt
-
-        def fits(mt: int, nt: int) -> bool:
-            return (mt * k + k * nt) * es + (mt * nt + (nt if bias else 0)) * oes <= sp
-
-        nt = n
-        while nt > 1 and not fits(1, nt):
-            nt = (nt + 1) // 2
-        mt = m
-        while mt > 1 and not fits(mt, nt):
-            mt = (mt + 1) // 2
+        mt, nt = gemm_tile_sizes(m, n, k, es, oes, bias is not None,
+                                 self.target.scratchpad_size)
         if (mt < m and trans_a) or (nt < n and tmp is None):
             if tmp is None:
                 raise LoweringError(f"{name}: tiling needs a temporary")
@@ -573,7 +696,9 @@ class Lowerer:
                 b_blk = tmp
                 self.copy(dt, b.at(j0 * es), b_blk, (k, jn), (n, 1), (jn, 1), f"{name}: B columns "
                           f"[{j0}, {j0 + jn})")
-            c_tmp = None if jn == n else tmp.at(_align(k * nt * es))  # type: ignore[union-attr]
+            # the C block after the B block (none when B's rows are read in place)
+            c_tmp = None if jn == n else tmp.at(  # type: ignore[union-attr]
+                0 if trans_b else _align(k * nt * es))
             for i0 in range(0, m, mt):
                 im = min(mt, m - i0)
                 a_blk = a_src if trans_a else a_src.at(i0 * k * es)
@@ -727,6 +852,37 @@ class Lowerer:
                             yi, None, 1.0, beta, False, False, act, 4, None)
 
 
+def gemm_tile_sizes(m: int, n: int, k: int, es: int, oes: int, bias: bool,
+                    scratchpad: int) -> tuple[int, int]:
+    """(rows, columns) of C per GEMM tile: columns halved until one row of A with the
+    block of B (and C, bias) fits the scratchpad, then rows halved."""
+    def fits(mt: int, nt: int) -> bool:
+        return (mt * k + k * nt) * es + (mt * nt + (nt if bias else 0)) * oes <= scratchpad
+
+    nt = n
+    while nt > 1 and not fits(1, nt):
+        nt = (nt + 1) // 2
+    mt = m
+    while mt > 1 and not fits(mt, nt):
+        mt = (mt + 1) // 2
+    return mt, nt
+
+
+def gemm_temp_bytes(m: int, n: int, k: int, es: int, oes: int, trans_a: bool,
+                    trans_b: bool, scratchpad: int) -> int:
+    """The workspace gemm_tiles needs for one GEMM (either bias case): A transposed
+    once when its rows are tiled, a block of B's columns (not with TRANS_B: B's rows
+    are read in place) and a block of C when the columns are tiled."""
+    need = 0
+    for bias in (False, True):
+        mt, nt = gemm_tile_sizes(m, n, k, es, oes, bias, scratchpad)
+        t = _align(m * k * es) if mt < m and trans_a else 0
+        if nt < n:
+            t += (0 if trans_b else _align(k * nt * es)) + _align(mt * nt * oes)
+        need = max(need, t)
+    return need
+
+
 def _conv_int8_temp(n: Node) -> tuple[int, int]:
     """(padded input bytes or 0, im2col bytes per image) of an int8 conv2d."""
     x, w, y = n.inputs[0], n.inputs[1], n.outputs[0]
@@ -747,10 +903,11 @@ def _suffix_broadcast(b: tuple[int, ...], out: tuple[int, ...]) -> bool:
 def temp_bytes(n: Node, target: Target) -> int:  # noqa: C901
     """Workspace a node needs beyond its operands while it runs (lowering temps)."""
     out = n.outputs[0]
-    if n.op in ("add", "sub", "mul", "div"):
+    if n.op in ("add", "sub", "mul", "div", "max", "min", "pow"):
         a, b = n.inputs[0], n.inputs[1]
         assert a is not None and b is not None
-        if a.shape != out.shape and b.shape == out.shape and n.op in ("add", "mul"):
+        if a.shape != out.shape and b.shape == out.shape and n.op in ("add", "mul", "max",
+                                                                       "min"):
             a, b = b, a
         need = 0 if a.shape == out.shape else _align(out.nbytes)
         if b.shape != out.shape and not _suffix_broadcast(b.shape, out.shape):
@@ -766,12 +923,16 @@ def temp_bytes(n: Node, target: Target) -> int:  # noqa: C901
         assert a is not None and b is not None
         es = np.dtype(a.dtype).itemsize
         oes = np.dtype(out.dtype).itemsize
-        m = a.shape[-1] if n.attrs.get("trans_a") else a.shape[-2] if len(a.shape) > 1 else 1
-        nn = b.shape[0] if n.attrs.get("trans_b") else b.shape[-1] if len(b.shape) > 1 else 1
-        k = a.shape[0] if n.attrs.get("trans_a") else a.shape[-1]
-        if (m * k + k * nn) * es + (m * nn + nn) * oes <= target.scratchpad_size:
-            return 0
-        return _align(a.nbytes) + _align(b.nbytes) + _align(out.nbytes)
+        ta, tb = bool(n.attrs.get("trans_a")), bool(n.attrs.get("trans_b"))
+        m = a.shape[-1] if ta else a.shape[-2] if len(a.shape) > 1 else 1
+        nn = b.shape[0] if tb else b.shape[-1] if len(b.shape) > 1 else 1
+        k = a.shape[0] if ta else a.shape[-1]
+        sp = target.scratchpad_size
+        need = gemm_temp_bytes(m, nn, k, es, oes, ta, tb, sp)
+        if n.op == "matmul":   # batches folded into M when B is shared
+            batch = math.prod(out.shape[:-2]) if len(out.shape) > 2 else 1
+            need = max(need, gemm_temp_bytes(batch * m, nn, k, es, oes, ta, tb, sp))
+        return need
     if n.op == "conv2d" and n.inputs[0] is not None and n.inputs[0].dtype == "int8":
         return sum(_conv_int8_temp(n))
     if n.op == "conv2d":
@@ -788,8 +949,32 @@ def temp_bytes(n: Node, target: Target) -> int:  # noqa: C901
     return 0
 
 
+def transpose_tiled_weights(g: Graph, target: Target) -> int:
+    """A constant B whose columns a GEMM must tile is stored transposed (TRANS_B): each
+    column block is then rows read in place from .va1.const, never copied into the
+    workspace (a 128 MiB weight took another 128 MiB of workspace)."""
+    changed = 0
+    for n in g.nodes:
+        if n.op != "gemm" or n.attrs.get("trans_b"):
+            continue
+        a, b = n.inputs[0], n.inputs[1]
+        if a is None or b is None or b.const is None:
+            continue
+        out = n.outputs[0]
+        m, nn = out.shape
+        k = b.shape[0]
+        es, oes = np.dtype(a.dtype).itemsize, np.dtype(out.dtype).itemsize
+        if any(gemm_tile_sizes(m, nn, k, es, oes, bias, target.scratchpad_size)[1] < nn
+               for bias in (False, True)):
+            n.inputs[1] = g.constant(np.ascontiguousarray(b.const.T), name=f"{b.name}_t")
+            n.attrs["trans_b"] = True
+            changed += 1
+    return changed
+
+
 def lower(g: Graph, target: Target, arg_symbols: dict[int, str]) -> Lowered:
     """Plan memory and emit the commands of `g` (already canonicalized)."""
+    transpose_tiled_weights(g, target)
     plan = plan_memory(g, arg_symbols, lambda n: temp_bytes(n, target))
     em = Emitter()
     lw = Lowerer(g, target, plan, em)

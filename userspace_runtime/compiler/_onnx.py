@@ -29,6 +29,8 @@ STATIC_OPERANDS: dict[str, tuple[int, ...]] = {
     "ReduceMin": (1,), "Squeeze": (1,), "Unsqueeze": (1,),
     "QuantizeLinear": (1, 2), "DequantizeLinear": (1, 2),
     "BatchNormalization": (1, 2, 3, 4),
+    "Clip": (1, 2), "Slice": (1, 2, 3, 4), "Split": (1,), "Pad": (1, 2, 3),
+    "Expand": (1,), "Where": (0,), "ConstantOfShape": (0,), "Range": (0, 1, 2),
 }
 
 
@@ -58,7 +60,11 @@ def _attrs(node: onnx.NodeProto) -> dict[str, Any]:
 
 
 _ONNX_DTYPES = {onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.FLOAT16: np.float16,
-                onnx.TensorProto.INT8: np.int8, onnx.TensorProto.INT32: np.int32}
+                onnx.TensorProto.INT8: np.int8, onnx.TensorProto.INT32: np.int32,
+                # int64 inputs (token ids, indices) are taken as int32: the VA-1 has no
+                # 64-bit integers; the runtime narrows int64 feeds, refusing what does
+                # not fit
+                onnx.TensorProto.INT64: np.int32}
 
 
 def _elem_name(code: int) -> str:
@@ -90,15 +96,33 @@ def check_model(model: onnx.ModelProto) -> None:
                               f"{' '.join(str(e).split())}") from None
 
 
+# Operators never evaluated at import even when every input is known: random ones
+# (a compile-time draw would freeze them) and control flow (subgraphs may read outer
+# values the importer does not track).
+_NEVER_FOLD = frozenset({
+    "RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Bernoulli",
+    "Multinomial", "If", "Loop", "Scan", "SequenceMap", "Dropout"})
+# Operators that only ever produce compile-time values (their input's static shape).
+_SHAPE_OPS = frozenset({"Shape", "Size"})
+# At most this many names of nodes are listed per unsupported operator.
+_LIST_NODES = 8
+
+
 class _Importer:
     def __init__(self, model: onnx.ModelProto, static_inputs: Mapping[str, Any]) -> None:
         self.model = model
         self.g = Graph(model.graph.name or "main")
         self.env: dict[str, Value] = {}
+        # Compile-time values by tensor name, exactly as ONNX defines them (int64 shapes,
+        # bools): initializers, Constant nodes, static inputs and every node evaluated at
+        # import because all its inputs were known (static shape folding). They become
+        # graph constants only when a runtime node reads them.
+        self.known: dict[str, np.ndarray] = {}
         self.static = {k: np.asarray(v) for k, v in static_inputs.items()}
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
                           1)
         self.node: onnx.NodeProto | None = None
+        self.folded = 0
 
     def fail(self, msg: str) -> OnnxImportError:
         n = self.node
@@ -111,20 +135,31 @@ class _Importer:
         assert v.const is not None
         return v.const
 
+    def value(self, name: str) -> Value:
+        """The graph Value of tensor `name`; a known (compile-time) tensor becomes a
+        constant the first time a runtime node reads it."""
+        v = self.env.get(name)
+        if v is None:
+            arr = self.known[name]
+            try:
+                v = self.constant(arr, name)
+            except GraphError as e:
+                what = "initializer" if name in self.inits else "constant"
+                raise OnnxImportError(f"{what} {name!r}: {e}") from None
+            self.env[name] = v
+        return v
+
     def run(self) -> Graph:
         graph = self.model.graph
+        self.inits = {i.name for i in graph.initializer}
         for init in graph.initializer:
-            what = f"initializer {init.name!r}"
-            try:
-                self.env[init.name] = self.constant(_to_array(init, what), init.name)
-            except GraphError as e:
-                raise OnnxImportError(f"{what}: {e}") from None
+            self.known[init.name] = _to_array(init, f"initializer {init.name!r}")
         for vi in graph.input:
-            if vi.name in self.env:
+            if vi.name in self.known:
                 self._check_initializer(vi)
                 continue
             if vi.name in self.static:
-                self.env[vi.name] = self.constant(self.static[vi.name], vi.name)
+                self.known[vi.name] = self.static[vi.name]
                 continue
             t = vi.type.tensor_type
             if t.elem_type not in _ONNX_DTYPES:
@@ -142,14 +177,23 @@ class _Importer:
                 self.env[vi.name] = self.g.input(vi.name, dims, _ONNX_DTYPES[t.elem_type])
             except GraphError as e:
                 raise OnnxImportError(str(e)) from None
+        unsupported: dict[str, list[str]] = {}
+        poisoned: set[str] = set()   # outputs of unsupported nodes (and what reads them)
         for node in graph.node:
             self.node = node
-            if node.domain not in ("", "ai.onnx"):
-                raise self.fail(f"operator {node.domain}.{node.op_type} is not supported")
-            h = _HANDLERS.get(node.op_type)
+            ins_named = [i for i in node.input if i]
+            std = node.domain in ("", "ai.onnx")
+            if std and self._fold(node):
+                continue
+            h = _HANDLERS.get(node.op_type) if std else None
             if h is None:
-                raise self.fail(f"operator {node.op_type} is not supported by the VA-1 "
-                                f"compiler (supported: {', '.join(supported_ops())})")
+                op = node.op_type if std else f"{node.domain}.{node.op_type}"
+                unsupported.setdefault(op, []).append(node.name or "(unnamed)")
+                poisoned.update(o for o in node.output if o)
+                continue
+            if any(i in poisoned for i in ins_named):
+                poisoned.update(o for o in node.output if o)
+                continue
             ins = self._operands(node)
             try:
                 outs = h(self, node, ins)
@@ -165,11 +209,13 @@ class _Importer:
                 if name:
                     self.env[name] = v
         self.node = None
+        if unsupported:
+            raise OnnxImportError(_unsupported_message(unsupported))
         outs = []
         for vo in graph.output:
-            if vo.name not in self.env:
+            if vo.name not in self.env and vo.name not in self.known:
                 raise OnnxImportError(f"graph output {vo.name} is not computed")
-            outs.append(self.env[vo.name])
+            outs.append(self.value(vo.name))
         seen: set[int] = set()
         for vo, v in zip(graph.output, outs):
             if v.is_const or id(v) in seen or any(v is i for i in self.g.inputs):
@@ -178,10 +224,93 @@ class _Importer:
             self.g.output(v, names=[vo.name])
         return self.g
 
+    def _fold(self, node: onnx.NodeProto) -> bool:
+        """Evaluate `node` now when its result is a compile-time value: Shape and Size
+        of any tensor (shapes are static), and any operator whose inputs are all
+        known (exported shape arithmetic: Gather, Concat, Cast, Equal, Where, Range,
+        ConstantOfShape, ...), with ONNX's reference semantics."""
+        op = node.op_type
+        names = [i for i in node.input if i]
+        if op in SIGNATURES:
+            self._check_signature(node)
+        if op in _SHAPE_OPS and names and names[0] in self.env and names[0] not in self.known:
+            shape = np.array(self.env[names[0]].shape, dtype=np.int64)
+            if op == "Size":
+                self.known[node.output[0]] = np.array(int(np.prod(shape)), dtype=np.int64)
+            else:
+                a = _attrs(node)
+                r = len(shape)
+                lo, hi = int(a.get("start", 0)), int(a.get("end", r))
+                lo, hi = (max(0, min(r, v + r if v < 0 else v)) for v in (lo, hi))
+                self.known[node.output[0]] = shape[lo:hi]
+            self.folded += 1
+            return True
+        if op in _NEVER_FOLD or any(n not in self.known for n in names):
+            return False
+        self._check_fold_size(node)
+        from onnx.reference import ReferenceEvaluator
+        try:
+            ref = ReferenceEvaluator(node, opsets={"": self.opset})
+            res = ref.run(None, {n: self.known[n] for n in names})
+        except MemoryError:
+            raise self.fail("evaluating it at compile time needs more memory than the host "
+                            "has") from None
+        except Exception as e:   # the reference's own verdict on a bad node
+            raise self.fail(f"cannot be evaluated at compile time: "
+                            f"{' '.join(str(e).split()) or type(e).__name__}") from None
+        for name, arr in zip(node.output, res):
+            if name:
+                self.known[name] = np.asarray(arr)
+        self.folded += 1
+        return True
+
+    def _check_fold_size(self, node: onnx.NodeProto) -> None:
+        """Operators whose output size comes from their inputs' values are checked
+        before they are evaluated: no device holds more than MAX_DEVICE_MEMORY_SIZE."""
+        from hwspec import va1
+        op, ins = node.op_type, [self.known.get(i) for i in node.input]
+        count: int | None = None
+        try:
+            if op in ("ConstantOfShape", "Expand") and len(ins) >= 1 and ins[-1] is not None:
+                dims = [int(d) for d in np.asarray(ins[-1]).reshape(-1)]
+                if op == "Expand" and ins[0] is not None:
+                    dims = list(np.broadcast_shapes(tuple(max(d, 1) for d in dims),
+                                                    ins[0].shape))
+                count = math.prod(max(d, 0) for d in dims)
+            elif op == "Range" and all(v is not None for v in ins[:3]):
+                start, limit, delta = (float(np.asarray(v).reshape(-1)[0]) for v in ins[:3])
+                if delta == 0 or not all(map(math.isfinite, (start, limit, delta))):
+                    raise self.fail(f"Range start {start}, limit {limit}, delta {delta}: "
+                                    f"delta must be non-zero and all finite")
+                count = max(0, math.ceil((limit - start) / delta))
+            elif op == "Tile" and len(ins) == 2 and ins[0] is not None and ins[1] is not None:
+                count = ins[0].size * math.prod(max(int(r), 0)
+                                                for r in np.asarray(ins[1]).reshape(-1))
+        except ValueError:
+            return
+        if count is not None and count * 8 > va1.MAX_DEVICE_MEMORY_SIZE:
+            raise self.fail(f"its output would have {count} elements ({count * 8} bytes as "
+                            f"int64), more than any VA-1's device memory "
+                            f"({va1.MAX_DEVICE_MEMORY_SIZE} bytes at most)")
+
     def _operands(self, node: onnx.NodeProto) -> list[Value | None]:
         """The node's operands, padded with None to the op's most inputs, after the
-        checks every handler relies on: input count, required inputs present, every
-        attribute one the handler reads."""
+        checks every handler relies on (`_check_signature`)."""
+        hi = self._check_signature(node)
+        n = len(node.input)
+        ins: list[Value | None] = []
+        for name in node.input:
+            if name == "":
+                ins.append(None)
+            elif name not in self.env and name not in self.known:
+                raise self.fail(f"input {name!r} is not defined")
+            else:
+                ins.append(self.value(name))
+        return ins + [None] * (hi - n)
+
+    def _check_signature(self, node: onnx.NodeProto) -> int:
+        """Input count, required inputs present, every attribute one the handler reads;
+        returns the op's most inputs."""
         lo, hi, known = SIGNATURES[node.op_type]
         n = len(node.input)
         if not lo <= n <= hi:
@@ -195,15 +324,7 @@ class _Importer:
                 raise self.fail(f"attribute {a.name!r} is not supported (the VA-1 compiler's "
                                 f"{node.op_type} takes "
                                 f"{', '.join(sorted(known)) or 'no attributes'})")
-        ins: list[Value | None] = []
-        for name in node.input:
-            if name == "":
-                ins.append(None)
-            elif name not in self.env:
-                raise self.fail(f"input {name!r} is not defined")
-            else:
-                ins.append(self.env[name])
-        return ins + [None] * (hi - n)
+        return hi
 
     def _check_initializer(self, vi: onnx.ValueInfoProto) -> None:
         """A graph input with an initializer (its default value) must be declared with
@@ -235,6 +356,18 @@ class _Importer:
                 return self.g.constant(arr.astype(np.int32), name=name)
             arr = arr.astype(np.int32)
         return self.g.constant(arr, name=name)
+
+
+def _unsupported_message(found: dict[str, list[str]]) -> str:
+    """Every unsupported operator at once: its count and the nodes that use it."""
+    parts = []
+    for op, nodes in sorted(found.items()):
+        shown = ", ".join(nodes[:_LIST_NODES])
+        more = f" and {len(nodes) - _LIST_NODES} more" if len(nodes) > _LIST_NODES else ""
+        parts.append(f"{op} x{len(nodes)} ({shown}{more})")
+    total = sum(len(v) for v in found.values())
+    return (f"{len(found)} operator(s) not supported by the VA-1 compiler, in {total} "
+            f"node(s): {'; '.join(parts)} (supported: {', '.join(supported_ops())})")
 
 
 def _float_act(op: str) -> _Handler:
@@ -548,15 +681,385 @@ def _dequantize(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list
     return [im.g.dequantize(x[0], scale, zp, name=n.name or None)]  # type: ignore[arg-type]
 
 
-@_op("Constant", (0, 0), ("value",))
+@_op("Constant", (0, 0), ("value", "value_float", "value_floats", "value_int",
+                          "value_ints"))
 def _constant(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value]:
+    """Not reached: a Constant has no operands, so it is always folded at import (with
+    ONNX's reference semantics for each of its forms)."""
+    raise im.fail("a Constant was not folded")  # pragma: no cover
+
+
+# --- operators of exported models ---------------------------------------------------------
+
+def _fold_only(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value]:
+    """Reached only when the operands are not all known: these run at compile time."""
+    raise im.fail("its operands must be compile-time values (initializers, Constant nodes "
+                  "or static shapes), not tensors computed at run time")
+
+
+_op("Shape", (1, 1), ("start", "end"))(_fold_only)
+_op("Size", (1, 1))(_fold_only)
+_op("ConstantOfShape", (1, 1), ("value",))(_fold_only)
+_op("Range", (3, 3))(_fold_only)
+
+def _unary(fn: str) -> _Handler:
+    def h(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value]:
+        return [im.g.add_node("unary", [x[0]], {"fn": fn}, name=n.name or None)[0]]
+    return h
+
+
+for _onnx_op, _fn in (("Erf", "erf"), ("Sqrt", "sqrt"), ("Tanh", "tanh"), ("Exp", "exp"),
+                      ("Neg", "neg"), ("Reciprocal", "reciprocal"), ("Abs", "abs"),
+                      ("Log", "log")):
+    _op(_onnx_op, (1, 1))(_unary(_fn))
+
+
+def _variadic(op: str) -> _Handler:
+    def h(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value]:
+        vals = [v for v in x if v is not None]
+        acc = vals[0]
+        if len(vals) == 1:
+            return [im.g.reshape(acc, acc.shape, name=n.name or None)]
+        for i, v in enumerate(vals[1:]):
+            last = i == len(vals) - 2
+            acc = im.g.add_node(op, [acc, v], {}, name=(n.name or None) if last else None)[0]
+        return [acc]
+    return h
+
+
+_op("Max", (1, 64))(_variadic("max"))
+_op("Min", (1, 64))(_variadic("min"))
+
+
+def _scalar(im: _Importer, like: Value, value: float, name: str) -> Value:
+    return im.g.constant(np.array(value, dtype=like.dtype), name=name)
+
+
+@_op("Pow", (2, 2))
+def _pow(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value]:
+    a, b = x[0], x[1]
+    assert a is not None and b is not None
+    if b.dtype != a.dtype:
+        if not b.is_const:
+            raise im.fail(f"exponent of type {b.dtype} computed at run time (it must have "
+                          f"the base's type {a.dtype} or be a constant)")
+        b = im.g.constant(im.const(b, "the exponent").astype(a.dtype), name=f"{b.name}_f")
+    return [im.g.add_node("pow", [a, b], {}, name=n.name or None)[0]]
+
+
+@_op("Clip", (1, 3), ("min", "max"))
+def _clip(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value]:
+    inp = x[0]
+    assert inp is not None
     a = _attrs(n)
-    if "value" not in a:
-        raise im.fail(f"only the 'value' form is supported (got {sorted(a)})")
+    lo: float | None = a.get("min")
+    hi: float | None = a.get("max")
+    if len(x) > 1 and x[1] is not None:
+        lo = float(im.const(x[1], "min").reshape(-1)[0])
+    if len(x) > 2 and x[2] is not None:
+        hi = float(im.const(x[2], "max").reshape(-1)[0])
+    y = inp
+    if lo is not None:
+        y = im.g.add_node("max", [y, _scalar(im, inp, lo, "clip_min")], {},
+                          name=(n.name or None) if hi is None else None)[0]
+    if hi is not None:
+        y = im.g.add_node("min", [y, _scalar(im, inp, hi, "clip_max")], {},
+                          name=n.name or None)[0]
+    if y is inp:
+        y = im.g.reshape(inp, inp.shape, name=n.name or None)
+    return [y]
+
+
+def _hard_sigmoid(im: _Importer, x: Value, alpha: float, beta: float,
+                  name: str | None) -> Value:
+    g = im.g
+    t = g.add(g.mul(x, _scalar(im, x, alpha, "hs_alpha")), _scalar(im, x, beta, "hs_beta"))
+    t = g.add_node("max", [t, _scalar(im, x, 0.0, "hs_zero")], {})[0]
+    return g.add_node("min", [t, _scalar(im, x, 1.0, "hs_one")], {}, name=name)[0]
+
+
+@_op("HardSigmoid", (1, 1), ("alpha", "beta"))
+def _hardsigmoid(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value]:
+    a = _attrs(n)
+    assert x[0] is not None
+    return [_hard_sigmoid(im, x[0], float(a.get("alpha", 0.2)), float(a.get("beta", 0.5)),
+                          n.name or None)]
+
+
+@_op("HardSwish", (1, 1))
+def _hardswish(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value]:
+    assert x[0] is not None
+    return [im.g.mul(x[0], _hard_sigmoid(im, x[0], 1 / 6, 0.5, None), name=n.name or None)]
+
+
+def _auto_pads(im: _Importer, a: dict[str, Any], spatial: Sequence[int],
+               kernel: Sequence[int], strides: Sequence[int], dil: Sequence[int],
+               pads: tuple[int, ...]) -> tuple[int, ...]:
+    """ONNX auto_pad resolved to explicit (top, left, bottom, right) pads."""
+    auto = a.get("auto_pad", b"NOTSET")
+    auto = auto.decode() if isinstance(auto, bytes) else auto
+    if auto not in ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"):
+        raise im.fail(f"attribute auto_pad {auto!r} is not NOTSET, SAME_UPPER, SAME_LOWER "
+                      f"or VALID")
+    if auto == "VALID":
+        return (0, 0, 0, 0)
+    if auto == "NOTSET":
+        return pads
+    lo_hi = []
+    for d, k, st, dl in zip(spatial, kernel, strides, dil):
+        out = -(-d // st)
+        total = max(0, (out - 1) * st + (k - 1) * dl + 1 - d)
+        lo = total // 2 if auto == "SAME_UPPER" else total - total // 2
+        lo_hi.append((lo, total - lo))
+    return (lo_hi[0][0], lo_hi[1][0], lo_hi[0][1], lo_hi[1][1])
+
+
+def _pool(mode: str) -> _Handler:
+    def h(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value]:
+        inp = x[0]
+        assert inp is not None
+        a = _attrs(n)
+        if len(inp.shape) != 4:
+            raise im.fail(f"only 2-D pooling (an NCHW input) is supported, the input is "
+                          f"{list(inp.shape)}")
+        kernel = _ints(im, a, "kernel_shape", (), 2, 1)
+        strides = _ints(im, a, "strides", (1, 1), 2, 1)
+        dil = _ints(im, a, "dilations", (1, 1), 2, 1)
+        pads = _ints(im, a, "pads", (0, 0, 0, 0), 4, 0)
+        pads = _auto_pads(im, a, inp.shape[2:], kernel, strides, dil, pads)
+        if a.get("storage_order", 0):
+            raise im.fail("attribute storage_order 1 (column-major indices) is not supported")
+        attrs = {"mode": mode, "kernel": kernel, "stride": strides, "dilation": dil,
+                 "padding": pads, "ceil": bool(a.get("ceil_mode", 0)),
+                 "count_include_pad": bool(a.get("count_include_pad", 0))}
+        return [im.g.add_node("pool2d", [inp], attrs, name=n.name or None)[0]]
+    return h
+
+
+_op("MaxPool", (1, 1), ("auto_pad", "ceil_mode", "dilations", "kernel_shape", "pads",
+                        "storage_order", "strides"))(_pool("max"))
+_op("AveragePool", (1, 1), ("auto_pad", "ceil_mode", "count_include_pad", "dilations",
+                            "kernel_shape", "pads", "strides"))(_pool("avg"))
+
+
+def _global_pool(op: str) -> _Handler:
+    def h(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value]:
+        inp = x[0]
+        assert inp is not None
+        if len(inp.shape) < 3:
+            raise im.fail(f"needs an input of rank >= 3 (N, C, spatial...), got "
+                          f"{list(inp.shape)}")
+        return [im.g.reduce(inp, op, list(range(2, len(inp.shape))), True,
+                            name=n.name or None)]
+    return h
+
+
+_op("GlobalAveragePool", (1, 1))(_global_pool("mean"))
+_op("GlobalMaxPool", (1, 1))(_global_pool("max"))
+
+
+@_op("Concat", (1, 1 << 16), ("axis",))
+def _concat(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value]:
+    vals = [v for v in x if v is not None]
+    if "axis" not in _attrs(n):
+        raise im.fail("attribute axis is required")
+    ax = _axis(im, int(_attrs(n)["axis"]), len(vals[0].shape))
+    if len(vals) == 1:
+        return [im.g.reshape(vals[0], vals[0].shape, name=n.name or None)]
+    return [im.g.add_node("concat", vals, {"axis": ax}, name=n.name or None)[0]]
+
+
+def _slice_axis(dim: int, start: int, end: int, step: int) -> tuple[int, int, int]:
+    """ONNX Slice on one axis: (first index, count, step); count 0 when empty."""
+    if step == 0:
+        raise ValueError("step 0")
+    if start < 0:
+        start += dim
+    if end < 0:
+        end += dim
+    if step > 0:
+        start, end = max(0, min(dim, start)), max(0, min(dim, end))
+        count = max(0, -(-(end - start) // step))
+    else:
+        start, end = max(0, min(dim - 1, start)), max(-1, min(dim - 1, end))
+        count = max(0, -(-(start - end) // -step))
+    return start, count, step
+
+
+def _slice_to(im: _Importer, inp: Value, per_axis: dict[int, tuple[int, int, int]],
+              name: str | None) -> Value:
+    sl = []
+    for ax, d in enumerate(inp.shape):
+        start, end, step = per_axis.get(ax, (0, d, 1))
+        try:
+            first, count, step = _slice_axis(d, start, end, step)
+        except ValueError:
+            raise im.fail(f"axis {ax}: step 0") from None
+        if count == 0:
+            raise im.fail(f"axis {ax}: the slice [{start}:{end}:{step}] of {d} elements is "
+                          f"empty (empty tensors are not supported)")
+        sl.append((first, count, step))
+    if all(t == (0, d, 1) for t, d in zip(sl, inp.shape)):
+        return im.g.reshape(inp, inp.shape, name=name)
+    return im.g.add_node("slice", [inp], {"slices": tuple(sl)}, name=name)[0]
+
+
+@_op("Slice", (1, 5), ("starts", "ends", "axes"))
+def _slice(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value]:
+    inp = x[0]
+    assert inp is not None
+    a = _attrs(n)
+    rank = len(inp.shape)
+
+    def ints(i: int, key: str) -> list[int] | None:
+        if len(x) > i and x[i] is not None:
+            return [int(v) for v in im.const(x[i], f"the {key} operand").reshape(-1)]
+        return [int(v) for v in a[key]] if key in a else None
+
+    starts, ends = ints(1, "starts"), ints(2, "ends")
+    if starts is None or ends is None:
+        raise im.fail("starts and ends are required")
+    axes = ints(3, "axes") or list(range(len(starts)))
+    steps = ints(4, "steps") or [1] * len(starts)
+    if not len(starts) == len(ends) == len(axes) == len(steps):
+        raise im.fail(f"starts {starts}, ends {ends}, axes {axes} and steps {steps} differ "
+                      f"in length")
+    per_axis: dict[int, tuple[int, int, int]] = {}
+    for st, en, ax, sp in zip(starts, ends, axes, steps):
+        axn = _axis(im, ax, rank)
+        if axn in per_axis:
+            raise im.fail(f"axis {ax} is repeated")
+        per_axis[axn] = (st, en, sp)
+    return [_slice_to(im, inp, per_axis, n.name or None)]
+
+
+@_op("Split", (1, 2), ("axis", "split", "num_outputs"))
+def _split(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value]:
+    inp = x[0]
+    assert inp is not None
+    a = _attrs(n)
+    ax = _axis(im, int(a.get("axis", 0)), len(inp.shape))
+    d = inp.shape[ax]
+    if len(x) > 1 and x[1] is not None:
+        sizes = [int(v) for v in im.const(x[1], "the split operand").reshape(-1)]
+    elif "split" in a:
+        sizes = [int(v) for v in a["split"]]
+    else:
+        k = int(a.get("num_outputs", len(n.output)))
+        if k < 1:
+            raise im.fail(f"num_outputs {k} must be >= 1")
+        part = -(-d // k)
+        sizes = [min(part, d - i * part) for i in range(k)]
+    if sum(sizes) != d or any(v < 1 for v in sizes) or len(sizes) != len(n.output):
+        raise im.fail(f"split {sizes} into {len(n.output)} output(s) does not cover axis "
+                      f"{ax} of {d} elements with non-empty parts")
+    outs, pos = [], 0
+    for i, sz in enumerate(sizes):
+        nm = f"{n.name}_{i}" if n.name else None
+        outs.append(_slice_to(im, inp, {ax: (pos, pos + sz, 1)}, nm))
+        pos += sz
+    return outs
+
+
+@_op("Gather", (2, 2), ("axis",))
+def _gather(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value]:
+    data, idx = x[0], x[1]
+    assert data is not None and idx is not None
+    ax = _axis(im, int(_attrs(n).get("axis", 0)), len(data.shape))
+    if idx.dtype != "int32":
+        raise im.fail(f"indices of type {idx.dtype} (int32 or int64 only)")
+    if idx.is_const:
+        d = data.shape[ax]
+        c = im.const(idx, "the indices").astype(np.int64)
+        if np.any((c < -d) | (c >= d)):
+            raise im.fail(f"indices {c.reshape(-1).tolist()[:8]} outside [-{d}, {d})")
+    return [im.g.add_node("gather", [data, idx], {"axis": ax}, name=n.name or None)[0]]
+
+
+@_op("Pad", (1, 4), ("mode", "pads", "value"))
+def _pad(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value]:
+    inp = x[0]
+    assert inp is not None
+    a = _attrs(n)
+    mode = a.get("mode", b"constant")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    if mode != "constant":
+        raise im.fail(f"mode {mode!r}: only 'constant' padding is supported")
+    r = len(inp.shape)
+    if len(x) > 1 and x[1] is not None:
+        pads = [int(v) for v in im.const(x[1], "the pads operand").reshape(-1)]
+    else:
+        pads = [int(v) for v in a.get("pads", [])]
+    value = float(a.get("value", 0.0))
+    if len(x) > 2 and x[2] is not None:
+        cv = im.const(x[2], "the constant value")
+        value = float(cv.reshape(-1)[0]) if cv.size else 0.0
+    axes = list(range(r))
+    if len(x) > 3 and x[3] is not None:
+        axes = [_axis(im, int(v), r) for v in im.const(x[3], "the axes operand").reshape(-1)]
+    if len(pads) != 2 * len(axes):
+        raise im.fail(f"pads {pads} must have 2 x {len(axes)} entries")
+    full = [0] * (2 * r)
+    for i, ax in enumerate(axes):
+        full[ax], full[ax + r] = pads[i], pads[i + len(axes)]
+    y = inp
+    if any(p < 0 for p in full):   # negative pads crop: a slice first
+        crop = {ax: (max(0, -full[ax]), inp.shape[ax] - max(0, -full[ax + r]), 1)
+                for ax in range(r) if full[ax] < 0 or full[ax + r] < 0}
+        y = _slice_to(im, y, crop, None)
+        full = [max(0, p) for p in full]
+    if not any(full):
+        return [im.g.reshape(y, y.shape, name=n.name or None)]
+    return [im.g.add_node("pad", [y], {"pads": tuple(full), "value": value},
+                          name=n.name or None)[0]]
+
+
+@_op("Expand", (2, 2))
+def _expand(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value]:
+    inp = x[0]
+    assert inp is not None
+    shape = [int(v) for v in im.const(x[1], "the shape operand").reshape(-1)]
     try:
-        return [im.constant(_to_array(a["value"], "the value"), n.output[0])]
-    except GraphError as e:
-        raise im.fail(str(e)) from None
+        out = tuple(int(d) for d in np.broadcast_shapes(inp.shape, tuple(shape)))
+    except ValueError:
+        raise im.fail(f"{list(inp.shape)} does not broadcast with {shape}") from None
+    if out == inp.shape:
+        return [im.g.reshape(inp, inp.shape, name=n.name or None)]
+    return [im.g.add_node("expand", [inp], {"shape": out}, name=n.name or None)[0]]
+
+
+@_op("Where", (3, 3))
+def _where(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value]:
+    """Where with a compile-time condition (the masks exporters make from shapes):
+    out = a * m + b * (1 - m) with m the 0/1 mask, a constant branch folded into the
+    added term. Exact for finite values of the branch(es) computed at run time."""
+    c, a, b = x
+    assert c is not None and a is not None and b is not None
+    cond = im.const(c, "the condition (bool tensors are not a VA-1 dtype: it must be a "
+                       "compile-time value)").astype(bool)
+    if a.dtype != b.dtype or a.dtype not in ("float32", "float16"):
+        raise im.fail(f"branches of types {a.dtype} and {b.dtype} (float only)")
+    try:
+        shape = tuple(int(d) for d in np.broadcast_shapes(cond.shape, a.shape, b.shape))
+    except ValueError:
+        raise im.fail(f"condition {list(cond.shape)}, {list(a.shape)} and {list(b.shape)} "
+                      f"do not broadcast") from None
+    g, dt = im.g, a.dtype
+    m = np.broadcast_to(cond, shape)
+    terms: list[Value] = []
+    fixed = np.zeros(shape, dt)
+    for v, sel in ((a, m), (b, ~m)):
+        if v.is_const:
+            fixed = np.where(sel, np.broadcast_to(im.const(v, "a branch"), shape), fixed)
+        else:
+            terms.append(g.mul(v, g.constant(sel.astype(dt), name=f"{n.name or 'where'}_m")))
+    if not terms:
+        return [g.reshape(g.constant(fixed.astype(dt)), shape, name=n.name or None)]
+    out = terms[0] if len(terms) == 1 else g.add(terms[0], terms[1])
+    if len(terms) == 1 or np.any(fixed):
+        out = g.add(out, g.constant(fixed.astype(dt), name=f"{n.name or 'where'}_fill"),
+                    name=n.name or None)
+    return [out]
 
 
 def import_model(model: onnx.ModelProto | bytes | str,
@@ -577,11 +1080,14 @@ def import_model(model: onnx.ModelProto | bytes | str,
 
 
 def static_input_names(model: onnx.ModelProto) -> set[str]:
-    """Graph inputs used as static operands (see STATIC_OPERANDS)."""
+    """Graph inputs (without an initializer) used as static operands (STATIC_OPERANDS).
+    Only graph inputs: an operand made by a Constant node or an initializer is known
+    to the importer already."""
     inits = {i.name for i in model.graph.initializer}
+    inputs = {i.name for i in model.graph.input} - inits
     names: set[str] = set()
     for node in model.graph.node:
         for pos in STATIC_OPERANDS.get(node.op_type, ()):
-            if pos < len(node.input) and node.input[pos] and node.input[pos] not in inits:
+            if pos < len(node.input) and node.input[pos] in inputs:
                 names.add(node.input[pos])
     return names

@@ -16,7 +16,7 @@ Shape = tuple[int, ...]
 Infer = Callable[["Node"], list[tuple[Shape, str]]]
 Ref = Callable[["Node", list[Any]], list[np.ndarray]]
 
-ACTIVATIONS = (None, "relu", "gelu", "sigmoid")
+ACTIVATIONS = (None, "relu", "gelu", "sigmoid", "silu")
 
 
 def _err(msg: str) -> Exception:
@@ -98,6 +98,9 @@ def _activate(x: np.ndarray, act: str | None) -> np.ndarray:
         return gelu_ref(x)
     if act == "sigmoid":
         return sigmoid_ref(x)
+    if act == "silu":
+        s: np.ndarray = x.astype(np.float64) * sigmoid_ref(x.astype(np.float64))
+        return s.astype(x.dtype)
     raise _err(f"unknown activation {act!r}")
 
 
@@ -521,3 +524,233 @@ def evaluate(node: Node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
     """Run `node` in numpy (the reference semantics of the op)."""
     ref: Callable[..., list[np.ndarray]] = get(node.op).ref
     return ref(node, inputs)
+
+
+# --- ops for exported models: pointwise functions, pooling, data movement ---------------
+
+UNARY_FNS = ("erf", "sqrt", "tanh", "exp", "neg", "reciprocal", "abs", "log", "silu")
+
+
+def _unary_attrs(node: Node) -> None:
+    if node.attrs.get("fn") not in UNARY_FNS:
+        raise _err(f"unary fn must be one of {', '.join(UNARY_FNS)}, got "
+                   f"{node.attrs.get('fn')!r}")
+
+
+def _erf64(x: np.ndarray) -> np.ndarray:
+    from math import erf
+    y: np.ndarray = np.vectorize(erf, otypes=[np.float64])(x)
+    return y
+
+
+_UNARY_REF: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "erf": _erf64, "sqrt": np.sqrt, "tanh": np.tanh, "exp": np.exp, "neg": np.negative,
+    "reciprocal": np.reciprocal, "abs": np.abs, "log": np.log,
+    "silu": lambda x: x * (1 / (1 + np.exp(-x))),
+}
+
+
+def _unary_ref(node: Node, x: list[Any]) -> list[np.ndarray]:
+    with np.errstate(all="ignore"):
+        return [_UNARY_REF[node.attrs["fn"]](x[0].astype(np.float64)).astype(x[0].dtype)]
+
+
+_register("unary", _unary_float_infer, _unary_ref, _unary_attrs)
+_register("silu", _unary_float_infer,
+          lambda n, x: [_UNARY_REF["silu"](x[0].astype(np.float64)).astype(x[0].dtype)])
+_register("max", _binary_infer, lambda n, x: [np.maximum(x[0], x[1]).astype(x[0].dtype)])
+_register("min", _binary_infer, lambda n, x: [np.minimum(x[0], x[1]).astype(x[0].dtype)])
+
+
+def _pow_ref(node: Node, x: list[Any]) -> list[np.ndarray]:
+    with np.errstate(all="ignore"):
+        return [np.power(x[0].astype(np.float32), x[1].astype(np.float32)).astype(x[0].dtype)]
+
+
+_register("pow", _binary_infer, _pow_ref)
+
+
+def pool_extent(size: int, k: int, stride: int, dil: int, lo: int, hi: int,
+                ceil: bool) -> int:
+    """Output extent of one pooling axis (ONNX / PyTorch, ceil_mode included)."""
+    span = size + lo + hi - (dil * (k - 1) + 1)
+    if span < 0:
+        raise _err(f"the kernel extent {dil * (k - 1) + 1} is larger than the padded input "
+                   f"{size + lo + hi}")
+    out = (-(-span // stride) if ceil else span // stride) + 1
+    if ceil and (out - 1) * stride >= size + lo:
+        out -= 1
+    return out
+
+
+def _pool_attrs(node: Node) -> None:
+    at = node.attrs
+    if at.get("mode") not in ("max", "avg"):
+        raise _err(f"pool2d mode must be 'max' or 'avg', got {at.get('mode')!r}")
+    for key, n in (("kernel", 2), ("stride", 2), ("padding", 4), ("dilation", 2)):
+        v = at.get(key)
+        if not isinstance(v, tuple) or len(v) != n or not all(isinstance(i, int) for i in v):
+            raise _err(f"pool2d {key} must be {n} ints, got {v!r}")
+    if min(at["kernel"] + at["stride"] + at["dilation"]) < 1 or min(at["padding"]) < 0:
+        raise _err(f"pool2d kernel/stride/dilation must be >= 1 and padding >= 0: {at}")
+
+
+def _pool_infer(node: Node) -> list[tuple[Shape, str]]:
+    x = _req(node, 0, "x")
+    _float(node, 0)
+    if len(x.shape) != 4:
+        raise _err(f"pool2d needs NCHW x, got {list(x.shape)}")
+    at = node.attrs
+    n, c, h, w = x.shape
+    pt, pl, pb, pr = at["padding"]
+    oh = pool_extent(h, at["kernel"][0], at["stride"][0], at["dilation"][0], pt, pb,
+                     at.get("ceil", False))
+    ow = pool_extent(w, at["kernel"][1], at["stride"][1], at["dilation"][1], pl, pr,
+                     at.get("ceil", False))
+    return [((n, c, oh, ow), x.dtype)]
+
+
+def _pool_ref(node: Node, x: list[Any]) -> list[np.ndarray]:
+    a = x[0].astype(np.float64)
+    at = node.attrs
+    (r, s), (sh, sw), (dh, dw) = at["kernel"], at["stride"], at["dilation"]
+    pt, pl, pb, pr = at["padding"]
+    n, c, h, w = a.shape
+    (_, _, oh, ow), _ = _pool_infer(node)[0]
+    hp = max(h + pt + pb, (oh - 1) * sh + dh * (r - 1) + 1)
+    wp = max(w + pl + pr, (ow - 1) * sw + dw * (s - 1) + 1)
+    mx = at["mode"] == "max"
+    xp = np.full((n, c, hp, wp), -np.inf if mx else 0.0)
+    xp[:, :, pt:pt + h, pl:pl + w] = a
+    inside = np.zeros((hp, wp))
+    if at.get("count_include_pad"):
+        inside[:h + pt + pb, :w + pl + pr] = 1
+    else:
+        inside[pt:pt + h, pl:pl + w] = 1
+    acc = np.full((n, c, oh, ow), -np.inf) if mx else np.zeros((n, c, oh, ow))
+    cnt = np.zeros((oh, ow))
+    for i in range(r):
+        for j in range(s):
+            sl = (slice(i * dh, i * dh + sh * (oh - 1) + 1, sh),
+                  slice(j * dw, j * dw + sw * (ow - 1) + 1, sw))
+            acc = np.maximum(acc, xp[(..., *sl)]) if mx else acc + xp[(..., *sl)]
+            cnt += inside[sl]
+    if not mx:
+        with np.errstate(all="ignore"):
+            acc = acc / cnt
+    return [acc.astype(x[0].dtype)]
+
+
+_register("pool2d", _pool_infer, _pool_ref, _pool_attrs)
+
+
+def _concat_infer(node: Node) -> list[tuple[Shape, str]]:
+    vals = [v for v in node.inputs if v is not None]
+    if not vals:
+        raise _err("concat needs at least one operand")
+    dt = _same_dtype(node)
+    rank = len(vals[0].shape)
+    ax = _norm_axis(node.attrs["axis"], rank)
+    for v in vals:
+        if len(v.shape) != rank or any(d != e for i, (d, e) in
+                                       enumerate(zip(v.shape, vals[0].shape)) if i != ax):
+            raise _err(f"concat operands {[list(u.shape) for u in vals]} differ outside "
+                       f"axis {ax}")
+    shape = list(vals[0].shape)
+    shape[ax] = sum(v.shape[ax] for v in vals)
+    return [(tuple(shape), dt)]
+
+
+_register("concat", _concat_infer,
+          lambda n, x: [np.concatenate([a for a in x if a is not None],
+                                       axis=n.attrs["axis"])])
+
+
+def _slice_attrs(node: Node) -> None:
+    sl = node.attrs.get("slices")
+    if not isinstance(sl, tuple) or not all(
+            isinstance(t, tuple) and len(t) == 3 and all(isinstance(i, int) for i in t)
+            and t[1] >= 1 and t[2] != 0 and t[0] >= 0 for t in sl):
+        raise _err(f"slice needs ((start >= 0, count >= 1, step != 0), ...) per axis, got "
+                   f"{sl!r}")
+
+
+def _slice_infer(node: Node) -> list[tuple[Shape, str]]:
+    x = _req(node, 0, "x")
+    sl = node.attrs["slices"]
+    if len(sl) != len(x.shape):
+        raise _err(f"slice has {len(sl)} axes, x has rank {len(x.shape)}")
+    for ax, ((start, count, step), d) in enumerate(zip(sl, x.shape)):
+        last = start + (count - 1) * step
+        if not (0 <= start < d and 0 <= last < d):
+            raise _err(f"slice axis {ax}: elements {start} .. {last} outside [0, {d})")
+    return [(tuple(t[1] for t in sl), x.dtype)]
+
+
+def _slice_ref(node: Node, x: list[Any]) -> list[np.ndarray]:
+    idx = np.ix_(*[s + st * np.arange(c) for s, c, st in node.attrs["slices"]])
+    return [np.ascontiguousarray(x[0][idx])]
+
+
+_register("slice", _slice_infer, _slice_ref, _slice_attrs)
+
+
+def _gather_infer(node: Node) -> list[tuple[Shape, str]]:
+    x, idx = _req(node, 0, "data"), _req(node, 1, "indices")
+    if idx.dtype != "int32":
+        raise _err(f"indices are {idx.dtype}, int32 is needed")
+    ax = _norm_axis(node.attrs["axis"], len(x.shape))
+    return [(x.shape[:ax] + idx.shape + x.shape[ax + 1:], x.dtype)]
+
+
+def _gather_ref(node: Node, x: list[Any]) -> list[np.ndarray]:
+    data, idx = x[0], x[1].astype(np.int64)
+    ax = node.attrs["axis"] % data.ndim
+    d = data.shape[ax]
+    idx = np.where(idx < 0, idx + d, idx)
+    ok = (idx >= 0) & (idx < d)
+    out = np.take(data, np.where(ok, idx, 0), axis=ax)
+    mask = ok.reshape((1,) * ax + ok.shape + (1,) * (data.ndim - ax - 1))
+    return [np.where(mask, out, np.zeros((), data.dtype)).astype(data.dtype)]
+
+
+_register("gather", _gather_infer, _gather_ref)
+
+
+def _pad_attrs(node: Node) -> None:
+    p = node.attrs.get("pads")
+    if not isinstance(p, tuple) or not all(isinstance(i, int) and i >= 0 for i in p):
+        raise _err(f"pad needs non-negative (begin..., end...) pads, got {p!r}")
+    if not isinstance(node.attrs.get("value", 0.0), float):
+        raise _err(f"pad value must be a float, got {node.attrs.get('value')!r}")
+
+
+def _pad_infer(node: Node) -> list[tuple[Shape, str]]:
+    x = _req(node, 0, "x")
+    p = node.attrs["pads"]
+    r = len(x.shape)
+    if len(p) != 2 * r:
+        raise _err(f"pad needs {2 * r} pads for rank {r}, got {len(p)}")
+    return [(tuple(d + p[i] + p[i + r] for i, d in enumerate(x.shape)), x.dtype)]
+
+
+def _pad_ref(node: Node, x: list[Any]) -> list[np.ndarray]:
+    p = node.attrs["pads"]
+    r = x[0].ndim
+    return [np.pad(x[0], [(p[i], p[i + r]) for i in range(r)],
+                   constant_values=node.attrs.get("value", 0.0)).astype(x[0].dtype)]
+
+
+_register("pad", _pad_infer, _pad_ref, _pad_attrs)
+
+
+def _expand_infer(node: Node) -> list[tuple[Shape, str]]:
+    x = _req(node, 0, "x")
+    shape = tuple(node.attrs["shape"])
+    if broadcast(x.shape, shape) != shape:
+        raise _err(f"{list(x.shape)} does not broadcast to {list(shape)}")
+    return [(shape, x.dtype)]
+
+
+_register("expand", _expand_infer,
+          lambda n, x: [np.ascontiguousarray(np.broadcast_to(x[0], n.attrs["shape"]))])

@@ -79,7 +79,7 @@ def fold_constants(g: Graph) -> int:
         if all(v is None or v.is_const for v in n.inputs) and n.inputs:
             outs = _ops.evaluate(n, [None if v is None else v.const for v in n.inputs])
             for v, a in zip(n.outputs, outs):
-                arr = np.ascontiguousarray(np.asarray(a, dtype=v.dtype).reshape(v.shape))
+                arr = np.array(np.asarray(a, dtype=v.dtype).reshape(v.shape), order="C")
                 arr.setflags(write=False)
                 v.const, v.producer = arr, None
             changed += 1
@@ -179,8 +179,8 @@ def _bias_vector(v: Value, n_out: int, axis_last: bool, rank: int) -> np.ndarray
         return None
     c = v.const
     assert c is not None
-    if axis_last:      # gemm output (m, n): bias (n,) or (1, n)
-        if c.shape in ((n_out,), (1, n_out)):
+    if axis_last:      # gemm output (..., n): bias (n,), (1, n), (1, 1, n) ...
+        if c.ndim <= rank and c.ndim >= 1 and c.shape[-1] == n_out and c.size == n_out:
             return c.reshape(n_out)
         return None
     # conv output (N, C, H, W): bias (C, 1, 1) or (1, C, 1, 1)
@@ -189,60 +189,216 @@ def _bias_vector(v: Value, n_out: int, axis_last: bool, rank: int) -> np.ndarray
     return None
 
 
+def _matmul_to_gemm(g: Graph) -> int:
+    """Make GEMMs of matmuls with a constant or 2-D B: 2-D x 2-D is a gemm; an A of
+    rank 3 or more times a 2-D B is reshape(A, (M, K)) -> gemm -> reshape back (the
+    batch folded into M), so that transformer linear layers take epilogues and int8."""
+    changed = 0
+    out: list[Node] = []
+    for n in g.nodes:
+        a, b = (n.inputs + [None, None])[:2]
+        if n.op != "matmul" or a is None or b is None or len(b.shape) != 2:
+            out.append(n)
+            continue
+        attrs = {"trans_a": False, "trans_b": False, "alpha": 1.0, "beta": 1.0,
+                 "activation": None}
+        if len(a.shape) == 2:
+            n.op, n.inputs, n.attrs = "gemm", [a, b, None], attrs
+            out.append(n)
+            changed += 1
+            continue
+        if len(a.shape) < 2:
+            out.append(n)
+            continue
+        y = n.outputs[0]
+        m = int(np.prod(a.shape[:-1]))
+        a2 = Value(g.unique(f"{n.name}_a2d"), (m, a.shape[-1]), a.dtype)
+        r1 = Node("reshape", [a], [a2], {"shape": a2.shape}, g.unique(f"{n.name}_rows"))
+        a2.producer = r1
+        y2 = Value(g.unique(f"{n.name}_2d"), (m, b.shape[1]), y.dtype)
+        gm = Node("gemm", [a2, b, None], [y2], attrs, n.name)
+        y2.producer = gm
+        r2 = Node("reshape", [y2], [y], {"shape": y.shape}, g.unique(f"{n.name}_unrows"))
+        y.producer = r2
+        out += [r1, gm, r2]
+        changed += 1
+    g.nodes = out
+    return changed
+
+
+def _epilogue_producer(x: Value, uses: dict[int, int], outs: set[int]
+                       ) -> tuple[Node, Node | None] | None:
+    """The gemm/conv2d whose result `x` is, directly or through one reshape that
+    keeps the gemm's last dimension (a 3-D linear layer), when nothing else reads it."""
+    p = x.producer
+    if p is None or uses.get(id(x), 0) != 1 or id(x) in outs:
+        return None
+    if p.op in ("gemm", "conv2d"):
+        return p, None
+    if p.op == "reshape" and p.inputs[0] is not None:
+        inner = p.inputs[0]
+        q = inner.producer
+        if (q is not None and q.op == "gemm" and uses.get(id(inner), 0) == 1
+                and id(inner) not in outs and x.shape[-1:] == inner.shape[-1:]):
+            return q, p
+    return None
+
+
 def fuse_epilogues(g: Graph, activations: frozenset[str] = frozenset({"relu"})) -> int:
     """add(gemm/conv, const bias) -> bias in the epilogue; relu(gemm/conv) -> its
-    activation. Only for producers whose output has no other consumer."""
-    changed = 0
-    for n in g.nodes:   # 2-D matmul is a gemm (so it can take an epilogue)
-        if n.op == "matmul" and all(v is not None and len(v.shape) == 2 for v in n.inputs):
-            n.op = "gemm"
-            n.inputs = list(n.inputs) + [None]
-            n.attrs = {"trans_a": False, "trans_b": False, "alpha": 1.0, "beta": 1.0,
-                       "activation": None}
-            changed += 1
-    progress = True
-    while progress:
-        progress = False
-        for n in list(g.nodes):
-            if n.op == "add":
-                for i in (0, 1):
-                    x, b = n.inputs[i], n.inputs[1 - i]
-                    p = x.producer if x is not None else None
-                    if p is None or p.op not in ("gemm", "conv2d") or p.attrs.get("activation"):
-                        continue
-                    if (len(p.inputs) > 2 and p.inputs[2] is not None) or not _single_use(g, x):  # type: ignore[arg-type]
-                        continue
-                    if p.op == "gemm" and p.attrs.get("beta", 1.0) != 1.0:
-                        continue
-                    out = p.outputs[0]
-                    if n.outputs[0].shape != out.shape or b is None:
-                        continue
-                    vec = _bias_vector(b, out.shape[1] if p.op == "conv2d" else out.shape[1],
-                                       p.op == "gemm", len(out.shape))
-                    if vec is None or vec.dtype != np.dtype(out.dtype):
-                        continue
-                    bias_v = g.constant(vec, name=f"{p.name}_bias")
-                    if len(p.inputs) > 2:
-                        p.inputs[2] = bias_v
-                    else:
-                        p.inputs.append(bias_v)
-                    _forward(g, n, out)
-                    changed += 1
-                    progress = True
-                    break
-            elif n.op in activations:
-                x = n.inputs[0]
-                p = x.producer if x is not None else None
-                if p is None or p.op not in ("gemm", "conv2d") or p.attrs.get("activation"):
-                    continue
-                if not _single_use(g, x) or p.outputs[0].dtype != "float32":  # type: ignore[arg-type]
-                    continue
-                if n.op == "gelu" and n.attrs.get("approximate", "none") != "none":
-                    continue
-                p.attrs["activation"] = n.op
-                _forward(g, n, p.outputs[0])
-                changed += 1
-                progress = True
-            if progress:
-                break
+    activation. Only for producers whose output has no other consumer. One pass in
+    order (a fusion only ever enables fusions of later nodes), linear in the graph."""
+    changed = _matmul_to_gemm(g)
+    uses: dict[int, int] = {}
+    for n in g.nodes:
+        for v in n.inputs:
+            if v is not None:
+                uses[id(v)] = uses.get(id(v), 0) + 1
+    outs = {id(v) for v in g.outputs}
+    subst: dict[int, Value] = {}
+    keep: list[Node] = []
+    for n in g.nodes:
+        n.inputs = [None if v is None else subst.get(id(v), v) for v in n.inputs]
+        target = _fuse_one(g, n, activations, uses, outs)
+        if target is None:
+            keep.append(n)
+            continue
+        old = n.outputs[0]
+        subst[id(old)] = target
+        uses[id(target)] = uses.get(id(old), 0)
+        if id(old) in outs:
+            outs.add(id(target))
+            target.name = old.name   # graph outputs keep their names
+        changed += 1
+    g.nodes = keep
+    g.outputs = [subst.get(id(v), v) for v in g.outputs]
     return changed
+
+
+def _fuse_one(g: Graph, n: Node, activations: frozenset[str], uses: dict[int, int],
+              outs: set[int]) -> Value | None:
+    """Fuse `n` into its producer's epilogue if it can be: the value that now stands
+    for n's output, else None."""
+    if n.op == "add":
+        for i in (0, 1):
+            x, b = n.inputs[i], n.inputs[1 - i]
+            if x is None or b is None:
+                continue
+            found = _epilogue_producer(x, uses, outs)
+            if found is None:
+                continue
+            p, via = found
+            if p.attrs.get("activation") or (len(p.inputs) > 2 and p.inputs[2] is not None):
+                continue
+            if p.op == "gemm" and p.attrs.get("beta", 1.0) != 1.0:
+                continue
+            out = p.outputs[0]
+            if n.outputs[0].shape != x.shape:
+                continue
+            vec = _bias_vector(b, out.shape[1], p.op == "gemm", len(x.shape))
+            if vec is None or vec.dtype != np.dtype(out.dtype):
+                continue
+            bias_v = g.constant(vec, name=f"{p.name}_bias")
+            if len(p.inputs) > 2:
+                p.inputs[2] = bias_v
+            else:
+                p.inputs.append(bias_v)
+            return x
+        return None
+    if n.op in activations:
+        x = n.inputs[0]
+        if x is None:
+            return None
+        found = _epilogue_producer(x, uses, outs)
+        if found is None:
+            return None
+        p, _ = found
+        if p.attrs.get("activation") or p.outputs[0].dtype != "float32":
+            return None
+        if n.op == "gelu" and n.attrs.get("approximate", "none") != "none":
+            return None
+        p.attrs["activation"] = n.op
+        return x
+    return None
+
+
+def _scalar_const(v: Value | None, want: float, rtol: float = 1e-6) -> bool:
+    """`v` is a constant whose every element is `want` (within rtol)."""
+    if v is None or v.const is None or v.const.size == 0:
+        return False
+    c = v.const.astype(np.float64)
+    return bool(np.all(np.abs(c - want) <= rtol * abs(want)))
+
+
+def _other(n: Node, v: Value) -> Value | None:
+    """The operand of binary `n` that is not `v` (None if v is not an operand)."""
+    a, b = n.inputs[0], n.inputs[1]
+    if a is v:
+        return b
+    if b is v:
+        return a
+    return None
+
+
+def fuse_patterns(g: Graph) -> int:
+    """Exporters' spellings of activations, made single ops so that they fuse into
+    epilogues: x * sigmoid(x) -> silu(x) (EfficientNet's SiLU); x * 0.5 * (1 + erf(x /
+    sqrt 2)) in torch's groupings -> gelu(x) (nn.GELU at opset 17). What is left of the
+    old spelling is dead code for the next DCE."""
+    uses: dict[int, list[Node]] = {}
+    for n in g.nodes:
+        for v in n.inputs:
+            if v is not None:
+                uses.setdefault(id(v), []).append(n)
+    outs = {id(v) for v in g.outputs}
+
+    def single(v: Value) -> Node | None:
+        us = uses.get(id(v), [])
+        return us[0] if len(us) == 1 and id(v) not in outs else None
+
+    replace: dict[int, Node] = {}
+    for n in g.nodes:
+        if n.op == "mul" and id(n) not in replace:
+            for s in (n.inputs[0], n.inputs[1]):
+                if s is None:
+                    continue
+                p = s.producer
+                if p is not None and p.op == "sigmoid" and _other(n, s) is p.inputs[0] \
+                        and single(s) is n:
+                    replace[id(n)] = Node("silu", [p.inputs[0]], n.outputs, {}, n.name)
+                    break
+        if n.op != "unary" or n.attrs.get("fn") != "erf":
+            continue
+        d = n.inputs[0].producer if n.inputs[0] is not None else None
+        if d is None or d.op not in ("div", "mul") or d.inputs[0] is None:
+            continue
+        x = d.inputs[0]
+        if not (_scalar_const(d.inputs[1], 2 ** 0.5, 1e-5) if d.op == "div"
+                else _scalar_const(d.inputs[1], 0.5 ** 0.5, 1e-5)):
+            continue
+        add = single(n.outputs[0])
+        if add is None or add.op != "add" or not _scalar_const(_other(add, n.outputs[0]), 1):
+            continue
+        m1 = single(add.outputs[0])
+        if m1 is None or m1.op != "mul":
+            continue
+        f = _other(m1, add.outputs[0])
+        final: Node | None = None
+        if f is x:                                 # (x * (1 + erf)) * 0.5
+            m2 = single(m1.outputs[0])
+            if m2 is not None and m2.op == "mul" and \
+                    _scalar_const(_other(m2, m1.outputs[0]), 0.5):
+                final = m2
+        elif f is not None and f.producer is not None and f.producer.op == "mul" \
+                and single(f) is m1 and _other(f.producer, x) is not None \
+                and _scalar_const(_other(f.producer, x), 0.5):   # (x * 0.5) * (1 + erf)
+            final = m1
+        if final is not None and final.outputs[0].dtype == x.dtype:
+            replace[id(final)] = Node("gelu", [x], final.outputs, {"approximate": "none"},
+                                      final.name)
+    for n in g.nodes:
+        r = replace.get(id(n))
+        if r is not None:
+            r.outputs[0].producer = r
+    g.nodes = [replace.get(id(n), n) for n in g.nodes]
+    return len(replace)

@@ -1,4 +1,4 @@
-"""Pointwise functions: erf/GELU, sigmoid, and the GEMM/CONV2D epilogues.
+"""Pointwise functions: erf/GELU, sigmoid, SiLU, and the GEMM/CONV2D epilogues.
 
 erf: Numerical Recipes' Chebyshev fit of erfc (Press et al., 2nd ed., §6.2, `erfcc`),
 evaluated in float64. Its fractional error is below 1.2e-7 everywhere, for erfc(|z|);
@@ -56,6 +56,13 @@ def sigmoid64(x: np.ndarray) -> np.ndarray:
     return y
 
 
+def silu64(x: np.ndarray) -> np.ndarray:
+    """x * sigmoid(x) in float64 (SiLU / swish)."""
+    x = np.asarray(x, _F64)
+    y: np.ndarray = x * sigmoid64(x)
+    return y
+
+
 def apply_activation(t: np.ndarray, activation: int) -> np.ndarray:
     """The epilogue on an f32 (or integer, RELU only) array; may work in place."""
     if activation == Activation.RELU:
@@ -65,4 +72,6 @@ def apply_activation(t: np.ndarray, activation: int) -> np.ndarray:
         return gelu64(t).astype(_F32)
     if activation == Activation.SIGMOID:
         return sigmoid64(t).astype(_F32)
+    if activation == Activation.SILU:
+        return silu64(t).astype(_F32)
     return t

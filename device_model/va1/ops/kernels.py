@@ -22,7 +22,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from hwspec.isa import Activation, EltOp, ReduceOp
 
-from .activations import apply_activation, gelu64, sigmoid64
+from .activations import apply_activation, erf, gelu64, sigmoid64, silu64
 
 _F32 = np.dtype("<f4")
 _F64 = np.dtype("<f8")
@@ -30,8 +30,9 @@ _F64 = np.dtype("<f8")
 # Temporary bytes per element of the pointwise functions and epilogues (GELU and
 # SIGMOID go through a dozen-odd f64 arrays); they size the tiles.
 _ACT_BYTES: dict[int, int] = {Activation.NONE: 0, Activation.RELU: 0, Activation.GELU: 160,
-                              Activation.SIGMOID: 112}
-_ELT_ACT = {EltOp.GELU: (gelu64, 160), EltOp.SIGMOID: (sigmoid64, 112)}
+                              Activation.SIGMOID: 112, Activation.SILU: 128}
+_ELT_ACT = {EltOp.GELU: (gelu64, 160), EltOp.SIGMOID: (sigmoid64, 112),
+            EltOp.SILU: (silu64, 128), EltOp.ERF: (erf, 160)}
 
 
 def staged(kernel: Callable[..., None], operands: dict[str, Any], snapshot: tuple[str, ...],
@@ -152,13 +153,18 @@ def _gemm_i8_tile(a: np.ndarray, b: np.ndarray, c: np.ndarray, bias: np.ndarray 
 # --- pointwise ---------------------------------------------------------------------------
 
 _BINARY = {EltOp.ADD: np.add, EltOp.MUL: np.multiply, EltOp.SUB: np.subtract,
-           EltOp.DIV: np.divide}
+           EltOp.DIV: np.divide, EltOp.MAX: np.maximum, EltOp.MIN: np.minimum}
+# Unary ops done by one f32 numpy ufunc (f16 operands widened, rounded once).
+_UNARY_F32 = {EltOp.SQRT: np.sqrt, EltOp.TANH: np.tanh, EltOp.EXP: np.exp,
+              EltOp.NEG: np.negative, EltOp.RECIPROCAL: np.reciprocal, EltOp.ABS: np.abs,
+              EltOp.LOG: np.log}
 
 
 def elementwise(a: np.ndarray, b: np.ndarray | None, out: np.ndarray, *, op: int,
                 budget: int) -> None:
     """One numpy ufunc per command (no temporaries); f16 binary ops round once (numpy
-    computes them in f32). GELU and SIGMOID go through f64 in chunks and round once."""
+    computes them in f32). GELU, SIGMOID, SILU and ERF go through f64 in chunks and round
+    once; POW and the other unary functions run in f32 (f16 in chunks, rounded once)."""
     if op == EltOp.RELU:
         np.maximum(a, a.dtype.type(0), out=out)
     elif op in _ELT_ACT:
@@ -167,9 +173,36 @@ def elementwise(a: np.ndarray, b: np.ndarray | None, out: np.ndarray, *, op: int
         step = max(1, budget // per)
         for i in _chunks(fa.size, step):
             np.copyto(fo[i:i + step], fn(fa[i:i + step]), casting="unsafe")
+    elif op in _UNARY_F32 or op == EltOp.POW:
+        _f32_pointwise(EltOp(op), a, b, out, budget)
     else:
         assert b is not None
         _BINARY[EltOp(op)](a, b, out=out)  # b of shape [cols] broadcasts over rows
+
+
+def _f32_pointwise(op: EltOp, a: np.ndarray, b: np.ndarray | None, out: np.ndarray,
+                   budget: int) -> None:
+    """Unary functions and POW in f32: straight into `out` for f32, in chunks through
+    f32 temporaries for f16."""
+    if a.dtype == _F32:
+        if op == EltOp.POW:
+            assert b is not None
+            np.power(a, b, out=out)
+        else:
+            _UNARY_F32[op](a, out=out)
+        return
+    rows = a if a.ndim > 1 else a.reshape(-1, 1)      # [rows, cols] with BROADCAST_B
+    orows = out.reshape(rows.shape)
+    brows = None if b is None else (b if a.ndim > 1 else b.reshape(-1, 1))
+    step = max(1, budget // (12 * rows.shape[1]))
+    for i in _chunks(rows.shape[0], step):
+        x = rows[i:i + step].astype(_F32)
+        if op == EltOp.POW:
+            assert brows is not None
+            y = np.power(x, (brows if brows.ndim == 1 else brows[i:i + step]).astype(_F32))
+        else:
+            y = _UNARY_F32[op](x)
+        np.copyto(orows[i:i + step], y, casting="unsafe")
 
 
 def quantize(x: np.ndarray, y: np.ndarray, *, scale: float, zero_point: int,
@@ -486,7 +519,85 @@ def _conv2d_part(x: np.ndarray, w: np.ndarray, p0: int, npix: int, j0: int,
     return part
 
 
+# --- POOL2D ------------------------------------------------------------------------------
+
+def pool2d(x: np.ndarray, y: np.ndarray, *, op: int, window: tuple[int, int],
+           stride: tuple[int, int], dilation: tuple[int, int],
+           pads: tuple[int, int, int, int], include_pad: bool, budget: int) -> None:
+    """Max / average pooling of NCHW x into y, in f32, over blocks of (image, channel)
+    planes: each plane is copied into a padded f32 plane (-inf for MAX, 0 for AVG)
+    large enough for every window, then reduced tap by tap (r*s strided views)."""
+    n, c, h, w = x.shape
+    oh, ow = y.shape[2:]
+    r, s = kernel = window
+    sh, sw = stride
+    dh, dw = dilation
+    pt, pl, pb, pr = pads
+    # every tap of every window (ceil mode may reach past the end pads) and the image
+    hp = max(h + pt + pb, (oh - 1) * sh + dh * (r - 1) + 1)
+    wp = max(w + pl + pr, (ow - 1) * sw + dw * (s - 1) + 1)
+    planes = x.reshape(n * c, h, w)
+    out = y.reshape(n * c, oh, ow)
+    per_plane = 4 * (hp * wp + 2 * oh * ow)
+    block = max(1, budget // max(per_plane, 1))
+    div = None
+    if op == 1:   # AVG: how many taps of each window are counted
+        inside = np.zeros((hp, wp), _F32)
+        if include_pad:
+            inside[:min(hp, h + pt + pb), :min(wp, w + pl + pr)] = 1
+        else:
+            inside[pt:pt + h, pl:pl + w] = 1
+        div = _pool_taps(inside[None], oh, ow, kernel, stride, dilation, np.add)[0]
+    for p0 in _chunks(n * c, block):
+        _pool_block(planes[p0:p0 + block], out[p0:p0 + block], op, (hp, wp), kernel,
+                    stride, dilation, (pt, pl), div)
+
+
+def _pool_taps(xp: np.ndarray, oh: int, ow: int, kernel: tuple[int, int],
+               stride: tuple[int, int], dilation: tuple[int, int],
+               combine: Any) -> np.ndarray:
+    """combine over the r*s taps of every window of padded planes xp [p, hp, wp]."""
+    r, s = kernel
+    sh, sw = stride
+    dh, dw = dilation
+    acc: np.ndarray | None = None
+    for i in range(r):
+        for j in range(s):
+            tap = xp[:, i * dh:i * dh + sh * (oh - 1) + 1:sh, j * dw:j * dw + sw * (ow - 1) + 1:sw]
+            acc = tap.copy() if acc is None else combine(acc, tap, out=acc)
+    assert acc is not None
+    return acc
+
+
+def _pool_block(x: np.ndarray, y: np.ndarray, op: int, padded: tuple[int, int],
+                kernel: tuple[int, int], stride: tuple[int, int], dilation: tuple[int, int],
+                offset: tuple[int, int], div: np.ndarray | None) -> None:
+    p, h, w = x.shape
+    xp = np.full((p,) + padded, -np.inf if op == 0 else 0.0, _F32)
+    xp[:, offset[0]:offset[0] + h, offset[1]:offset[1] + w] = x
+    acc = _pool_taps(xp, y.shape[1], y.shape[2], kernel, stride, dilation,
+                     np.maximum if op == 0 else np.add)
+    if div is not None:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            acc /= div
+    np.copyto(y, acc, casting="unsafe")
+
+
 # --- data movement -----------------------------------------------------------------------
+
+def gather(table: np.ndarray, indices: np.ndarray, out: np.ndarray, *, budget: int) -> None:
+    """out[i] = table[indices[i]] for indices in [-rows, rows) (negative ones count from
+    the end, as ONNX Gather); any other index gives a row of zeros."""
+    rows = table.shape[0]
+    step = max(1, budget // 32)      # per index: int64 copies and a mask
+    for i in _chunks(indices.size, step):
+        idx = indices[i:i + step].astype(np.int64)
+        idx[idx < 0] += rows
+        bad = (idx < 0) | (idx >= rows)
+        idx[bad] = 0
+        o = out[i:i + step]
+        np.take(table, idx, axis=0, out=o, mode="clip")   # straight into device memory
+        o[bad] = 0
 
 def copy(src: np.ndarray, dst: np.ndarray, *, budget: int) -> None:
     """dst[idx] = src[idx] for every index; an overlapping src was staged (a copy)."""
