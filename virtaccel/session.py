@@ -43,7 +43,8 @@ from .errors import LaunchError, SessionStateError
 if TYPE_CHECKING:
     from .images import VmImage
 
-ATTACHMENTS = ("mmio", "pci", "vfio", "sriov")
+ATTACHMENTS = ("mmio", "pci", "vfio", "sriov", "vdpa")
+VDPA_TRANSPORTS = ("pci", "mmio")
 DEFAULT_MEMORY = 256 << 20
 Program = Callable[[GuestOS], Any]
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -115,9 +116,18 @@ class Session:
                  card_factory: CardFactory | None = None,
                  pf_driver_factory: PfDriverFactory | None = None,
                  card_options: Mapping[str, Any] | None = None,
-                 faults: FaultPlan | None = None) -> None:
+                 faults: FaultPlan | None = None, transport: str | None = None) -> None:
         if attach not in ATTACHMENTS:
             raise ValueError(f"attach {attach!r}: one of {', '.join(ATTACHMENTS)}")
+        if attach == "vdpa":
+            transport = "pci" if transport is None else transport
+            if transport not in VDPA_TRANSPORTS:
+                raise ValueError(f"transport {transport!r} for a vdpa attachment: one of "
+                                 f"{', '.join(VDPA_TRANSPORTS)}")
+        elif transport is not None:
+            raise ValueError(f"transport={transport!r} is for attach='vdpa' only (attach "
+                             f"{attach!r} names its transport itself)")
+        self.transport = transport
         if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 1 << 64:
             raise ValueError(f"seed {seed!r} is outside 0 .. 2**64-1")
         self.attach = attach
@@ -264,6 +274,12 @@ class Session:
             vm.attach_va1_mmio(self.config)
         elif self.attach == "pci":
             vm.attach_va1_pci(self.config)
+        elif self.attach == "vdpa":
+            host = self.host or self._new_host()
+            mgmt = host.vdpa.register(host.add_va1(self.config, dev=index))
+            device = host.vdpa.dev_add(f"vdpa{index}", mgmt.handle)
+            assert self.transport is not None
+            vm.attach_va1_vdpa(host, device.name, self.transport)
         else:
             host = self.host or self._new_host()
             vm.attach_va1_passthrough(host, host.add_va1(self.config, dev=index))
