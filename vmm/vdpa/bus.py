@@ -26,6 +26,7 @@ from .parent import VpVdpa
 
 if TYPE_CHECKING:
     from ..host import Host, HostPciFunction
+    from .netlink import VdpaGenl
     from .vhost import VhostVdpaFile
 
 NAME_MAX = 15          # IFNAMSIZ - 1
@@ -85,6 +86,15 @@ class VdpaBus:
         self.devices: dict[str, VdpaDevice] = {}
         self._next_index = 0
         self.trace = host.machine.trace.tracer(f"{host.name}.vdpa")
+        self._genl: "VdpaGenl | None" = None
+
+    @property
+    def genl(self) -> "VdpaGenl":
+        """The "vdpa" generic netlink family over this bus."""
+        if self._genl is None:
+            from .netlink import VdpaGenl
+            self._genl = VdpaGenl(self)
+        return self._genl
 
     # -- parents -------------------------------------------------------------------------
 
@@ -145,6 +155,21 @@ class VdpaBus:
         dev.mgmtdev.device = None
         del self.devices[name]
         self.trace.emit("dev_del", name=name)
+
+    def vq_stats(self, dev: VdpaDevice, index: int) -> dict[str, int]:
+        """Per-queue counters (mlx5_vdpa's names where they exist): descriptors made
+        available (avail.idx) and completed (used.idx) as read through the IOTLB,
+        doorbells forwarded and interrupts raised."""
+        p = dev.parent
+        out: dict[str, int] = {}
+        f = dev.opened
+        avail = f.ring_index(index, "avail") if f is not None else None
+        used = f.ring_index(index, "used") if f is not None else None
+        out["received_desc"] = avail or 0
+        out["completed_desc"] = used or 0
+        out["kicks"] = p.kicks[index]
+        out["calls"] = p.calls[index]
+        return out
 
     # -- vhost-vdpa -------------------------------------------------------------------------------
 

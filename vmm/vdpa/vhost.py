@@ -515,6 +515,19 @@ class VhostVdpaFile:
             else:
                 self.host.iommu.unmap(self.domain, iova, size)
 
+    def ring_index(self, index: int, which: str) -> int | None:
+        """avail.idx ("avail") or used.idx ("used") of queue `index` as the device sees
+        it through the IOTLB, or None when the queue is not set up or not mapped."""
+        vq = self.vqs[index]
+        if not vq.addr_set:
+            return None
+        iova = (vq.avail if which == "avail" else vq.used) + 2
+        m = self.domain.find(iova)
+        if m is None or m.end < iova + 2:
+            return None
+        at = m.index + iova - m.iova
+        return int(m.array[at]) | int(m.array[at + 1]) << 8
+
     # -- release ------------------------------------------------------------------------------
 
     def close(self) -> None:
