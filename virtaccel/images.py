@@ -14,8 +14,10 @@ every bad field gets an error naming the file and the field. Format (README, "VM
     exit_cost_ns = 1000              # virtual cost of a trapped MMIO access
 
     [accelerator]                    # required
-    mode = "emulated"                # "emulated" | "passthrough"
+    mode = "emulated"                # "emulated" | "passthrough" | "vdpa" | "sriov-vf"
     transport = "mmio"               # "mmio" | "pci" (passthrough: "pci" only)
+    spare = 1                        # vdpa only: extra host functions under vp_vdpa with
+                                     # no device (for `virtaccel vdpa dev add`), 0 .. 8
     [accelerator.config]             # optional Va1Config fields (ints), e.g.
     num_compute_units = 4
 
@@ -77,7 +79,8 @@ __all__ = ["ImageError", "ImageRun", "VmImage", "load_image", "parse_image", "ru
            "tenant_seed"]
 
 DEFAULT_PROGRAM = "virtaccel.guests.mlp:main"
-MODES = ("emulated", "passthrough", "sriov-vf")
+MODES = ("emulated", "passthrough", "sriov-vf", "vdpa")
+MAX_SPARE = 8
 MAX_TOTAL_VFS = 64
 TRANSPORTS = ("mmio", "pci")
 PAGE = 4096
@@ -95,6 +98,7 @@ class AcceleratorSpec:
     config: dict[str, int] = field(default_factory=dict)
     resources: dict[str, int] = field(default_factory=dict)   # sriov-vf: default VF resources
     total_vfs: int | None = None                               # sriov-vf: the card's TotalVFs
+    spare: int = 0             # vdpa: extra host functions with a management device only
 
 
 @dataclass(frozen=True)
@@ -192,7 +196,8 @@ def parse_image(doc: dict[str, Any], path: str = "<image>") -> VmImage:
     if "accelerator" not in doc:
         raise c.fail("accelerator", "missing (mode and transport of the VA-1 to attach)")
     acc = c.table(doc, "accelerator", "")
-    c.keys(acc, "accelerator.", ("mode", "transport", "config", "resources", "total_vfs"))
+    c.keys(acc, "accelerator.", ("mode", "transport", "config", "resources", "total_vfs",
+                                 "spare"))
     mode = c.typed(acc.get("mode", "emulated"), "accelerator.mode", str, "text")
     if mode not in MODES:
         raise c.fail("accelerator.mode", f"unknown mode {mode!r} (one of: {', '.join(MODES)})")
@@ -203,6 +208,11 @@ def parse_image(doc: dict[str, Any], path: str = "<image>") -> VmImage:
                                               f"(one of: {', '.join(TRANSPORTS)})")
     if mode in ("passthrough", "sriov-vf") and transport != "pci":
         raise c.fail("accelerator.transport", f"{mode} assigns a PCI function: transport must be \"pci\"")
+    spare = 0
+    if mode == "vdpa":
+        spare = c.int_range(acc.get("spare", 0), "accelerator.spare", 0, MAX_SPARE)
+    elif "spare" in acc:
+        raise c.fail("accelerator.spare", "only for mode = \"vdpa\"")
     if mode != "sriov-vf":
         for key in ("resources", "total_vfs"):
             if key in acc:
@@ -242,7 +252,8 @@ def parse_image(doc: dict[str, Any], path: str = "<image>") -> VmImage:
         tenants = _tenants(c, doc, memory, resources, entry, args, total_vfs or MAX_TOTAL_VFS)
     faults = _faults(c, doc, mode, transport, name, tenants)
     return VmImage(path, name, description, seed, memory, vcpus, exit_cost,
-                   AcceleratorSpec(mode, transport, dict(cfg), resources, total_vfs), entry, args,
+                   AcceleratorSpec(mode, transport, dict(cfg), resources, total_vfs, spare),
+                   entry, args,
                    tenants, faults)
 
 

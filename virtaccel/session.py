@@ -116,7 +116,8 @@ class Session:
                  card_factory: CardFactory | None = None,
                  pf_driver_factory: PfDriverFactory | None = None,
                  card_options: Mapping[str, Any] | None = None,
-                 faults: FaultPlan | None = None, transport: str | None = None) -> None:
+                 faults: FaultPlan | None = None, transport: str | None = None,
+                 spare: int = 0) -> None:
         if attach not in ATTACHMENTS:
             raise ValueError(f"attach {attach!r}: one of {', '.join(ATTACHMENTS)}")
         if attach == "vdpa":
@@ -128,6 +129,10 @@ class Session:
             raise ValueError(f"transport={transport!r} is for attach='vdpa' only (attach "
                              f"{attach!r} names its transport itself)")
         self.transport = transport
+        if not isinstance(spare, int) or isinstance(spare, bool) or not 0 <= spare <= 8 \
+                or (spare and attach != "vdpa"):
+            raise ValueError(f"spare={spare!r}: 0 .. 8 extra vdpa parents, attach='vdpa' only")
+        self.spare = spare
         if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 1 << 64:
             raise ValueError(f"seed {seed!r} is outside 0 .. 2**64-1")
         self.attach = attach
@@ -196,7 +201,8 @@ class Session:
         from .images import VmImage, load_image
         img = image if isinstance(image, VmImage) else load_image(image)
         acc = img.accelerator
-        attach = {"emulated": acc.transport, "passthrough": "vfio", "sriov-vf": "sriov"}[acc.mode]
+        attach = {"emulated": acc.transport, "passthrough": "vfio", "sriov-vf": "sriov",
+                  "vdpa": "vdpa"}[acc.mode]
         if attach == "sriov":
             specs: list[VmSpec] = [VmSpec(t.name, t.memory, VfResources(**t.resources))
                                    for t in img.tenants]
@@ -207,7 +213,8 @@ class Session:
                 exit_cost_ns=img.exit_cost_ns, config=Va1Config(**acc.config),
                 keep_trace=keep_trace, card_factory=card_factory,
                 pf_driver_factory=pf_driver_factory, card_options=options,
-                faults=img.faults)
+                faults=img.faults, transport=acc.transport if attach == "vdpa" else None,
+                spare=acc.spare)
         s.image = img
         return s
 
@@ -223,6 +230,9 @@ class Session:
             else:
                 for i, spec in enumerate(self.specs):
                     self._build_vm(i, spec)
+                for k in range(self.spare):
+                    host = self.host or self._new_host()
+                    host.vdpa.register(host.add_va1(self.config, dev=len(self.specs) + k))
         except Exception as e:
             self._release()
             self.state = SessionState.FAILED
