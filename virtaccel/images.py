@@ -17,7 +17,9 @@ every bad field gets an error naming the file and the field. Format (README, "VM
     mode = "emulated"                # "emulated" | "passthrough" | "vdpa" | "sriov-vf"
     transport = "mmio"               # "mmio" | "pci" (passthrough: "pci" only)
     spare = 1                        # vdpa only: extra host functions under vp_vdpa with
-                                     # no device (for `virtaccel vdpa dev add`), 0 .. 8
+                                     # no device (`virtaccel vdpa dev add`, a move), 0 .. 8
+    parent = "pf"                    # vdpa only: "pf" (a VA-1 function each) or "vf"
+                                     # (VFs of one card, a VF per VM then the spares)
     [accelerator.config]             # optional Va1Config fields (ints), e.g.
     num_compute_units = 4
 
@@ -99,6 +101,7 @@ class AcceleratorSpec:
     resources: dict[str, int] = field(default_factory=dict)   # sriov-vf: default VF resources
     total_vfs: int | None = None                               # sriov-vf: the card's TotalVFs
     spare: int = 0             # vdpa: extra host functions with a management device only
+    parent: str = "pf"         # vdpa: "pf" (a VA-1 function each) or "vf" (VFs of one card)
 
 
 @dataclass(frozen=True)
@@ -197,7 +200,7 @@ def parse_image(doc: dict[str, Any], path: str = "<image>") -> VmImage:
         raise c.fail("accelerator", "missing (mode and transport of the VA-1 to attach)")
     acc = c.table(doc, "accelerator", "")
     c.keys(acc, "accelerator.", ("mode", "transport", "config", "resources", "total_vfs",
-                                 "spare"))
+                                 "spare", "parent"))
     mode = c.typed(acc.get("mode", "emulated"), "accelerator.mode", str, "text")
     if mode not in MODES:
         raise c.fail("accelerator.mode", f"unknown mode {mode!r} (one of: {', '.join(MODES)})")
@@ -208,11 +211,17 @@ def parse_image(doc: dict[str, Any], path: str = "<image>") -> VmImage:
                                               f"(one of: {', '.join(TRANSPORTS)})")
     if mode in ("passthrough", "sriov-vf") and transport != "pci":
         raise c.fail("accelerator.transport", f"{mode} assigns a PCI function: transport must be \"pci\"")
-    spare = 0
+    spare, parent = 0, "pf"
     if mode == "vdpa":
         spare = c.int_range(acc.get("spare", 0), "accelerator.spare", 0, MAX_SPARE)
-    elif "spare" in acc:
-        raise c.fail("accelerator.spare", "only for mode = \"vdpa\"")
+        parent = c.typed(acc.get("parent", "pf"), "accelerator.parent", str, "text")
+        if parent not in ("pf", "vf"):
+            raise c.fail("accelerator.parent", f"{parent!r}: \"pf\" (a VA-1 function) or "
+                                               "\"vf\" (a VF of one card)")
+    else:
+        for key in ("spare", "parent"):
+            if key in acc:
+                raise c.fail(f"accelerator.{key}", "only for mode = \"vdpa\"")
     if mode != "sriov-vf":
         for key in ("resources", "total_vfs"):
             if key in acc:
@@ -252,7 +261,8 @@ def parse_image(doc: dict[str, Any], path: str = "<image>") -> VmImage:
         tenants = _tenants(c, doc, memory, resources, entry, args, total_vfs or MAX_TOTAL_VFS)
     faults = _faults(c, doc, mode, transport, name, tenants)
     return VmImage(path, name, description, seed, memory, vcpus, exit_cost,
-                   AcceleratorSpec(mode, transport, dict(cfg), resources, total_vfs, spare),
+                   AcceleratorSpec(mode, transport, dict(cfg), resources, total_vfs, spare,
+                                   parent),
                    entry, args,
                    tenants, faults)
 

@@ -117,7 +117,7 @@ class Session:
                  pf_driver_factory: PfDriverFactory | None = None,
                  card_options: Mapping[str, Any] | None = None,
                  faults: FaultPlan | None = None, transport: str | None = None,
-                 spare: int = 0) -> None:
+                 spare: int = 0, vdpa_parent: str = "pf") -> None:
         if attach not in ATTACHMENTS:
             raise ValueError(f"attach {attach!r}: one of {', '.join(ATTACHMENTS)}")
         if attach == "vdpa":
@@ -133,6 +133,10 @@ class Session:
                 or (spare and attach != "vdpa"):
             raise ValueError(f"spare={spare!r}: 0 .. 8 extra vdpa parents, attach='vdpa' only")
         self.spare = spare
+        if vdpa_parent not in ("pf", "vf") or (vdpa_parent == "vf" and attach != "vdpa"):
+            raise ValueError(f"vdpa_parent={vdpa_parent!r}: 'pf' (a VA-1 function each) or "
+                             "'vf' (VFs of one card), attach='vdpa' only")
+        self.vdpa_parent = vdpa_parent
         if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 1 << 64:
             raise ValueError(f"seed {seed!r} is outside 0 .. 2**64-1")
         self.attach = attach
@@ -214,7 +218,7 @@ class Session:
                 keep_trace=keep_trace, card_factory=card_factory,
                 pf_driver_factory=pf_driver_factory, card_options=options,
                 faults=img.faults, transport=acc.transport if attach == "vdpa" else None,
-                spare=acc.spare)
+                spare=acc.spare, vdpa_parent=acc.parent)
         s.image = img
         return s
 
@@ -227,10 +231,12 @@ class Session:
         try:
             if self.attach == "sriov":
                 self._build_sriov()
+            elif self.attach == "vdpa" and self.vdpa_parent == "vf":
+                self._build_vdpa_vfs()
             else:
                 for i, spec in enumerate(self.specs):
                     self._build_vm(i, spec)
-                for k in range(self.spare):
+                for k in range(self.spare if self.attach == "vdpa" else 0):
                     host = self.host or self._new_host()
                     host.vdpa.register(host.add_va1(self.config, dev=len(self.specs) + k))
         except Exception as e:
@@ -304,6 +310,23 @@ class Session:
         self.vfs = host.enable_sriov(len(self.specs), resources, pf=self.pf)
         for spec, vf in zip(self.specs, self.vfs):
             self._new_vm(spec).attach_va1_passthrough(host, vf)
+
+    def _build_vdpa_vfs(self) -> None:
+        """One card, a VF per VM plus the spares, each under vp_vdpa (not vfio-pci);
+        VM i gets a vdpa device on VF i+1."""
+        host = self._new_host()
+        self.pf = host.add_va1_card(self.config, card_factory=self.card_factory,
+                                    **self.card_options)
+        n = len(self.specs) + self.spare
+        per_vm = [s.resources or self.resources for s in self.specs] + [self.resources] * self.spare
+        resources = None if all(r is None for r in per_vm) else \
+            [r if r is not None else VfResources() for r in per_vm]
+        self.vfs = host.enable_sriov(n, resources, pf=self.pf, bind=False)
+        mgmts = [host.vdpa.register(vf) for vf in self.vfs]
+        for i, spec in enumerate(self.specs):
+            device = host.vdpa.dev_add(f"vdpa{i}", mgmts[i].handle)
+            assert self.transport is not None
+            self._new_vm(spec).attach_va1_vdpa(host, device.name, self.transport)
 
     def _release(self) -> None:
         for vm in self.vms:
@@ -395,6 +418,26 @@ class Session:
         """Write the kept trace as Chrome trace-event JSON (needs keep_trace=True)."""
         from .trace_export import write_chrome_trace
         return write_chrome_trace(self.machine.trace, path)
+
+    # -- vDPA ---------------------------------------------------------------------------
+
+    @_requires(SessionState.READY, SessionState.RUNNING)
+    def move_vdpa(self, mgmtdev: str, *, vm: int | str | Vm | None = None,
+                  name: str | None = None) -> str:
+        """Live-move `vm`'s vdpa device to a new device on `mgmtdev` (a spare parent's
+        "pci/<bdf>"): suspend, bases and state, set up on the new function, switch, kick
+        (vmm.vdpa.migrate). Call it from a host task while guests run, or between runs.
+        Returns the new device's name."""
+        if self.attach != "vdpa":
+            raise SessionStateError(f"Session.move_vdpa(): attach is {self.attach!r}, not vdpa")
+        from vmm.vdpa.migrate import move
+        target = self._vm(vm)
+        att = target.vdpa[0]
+        if name is None:
+            base, _, n = att.device_name.partition("~")
+            name = f"{base}~{int(n or 0) + 1}"
+        move(target, att, mgmtdev, name)
+        return name
 
     # -- running guests -----------------------------------------------------------------
 

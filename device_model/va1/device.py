@@ -29,6 +29,7 @@ from .engine import CommandProcessor, Submission
 from .memory import DeviceMemory
 from .scheduler import Scheduler
 from .metrics import Metrics
+from .migration import MigrationPort
 from .requests import (CtrlRequest, SubmitRequest, bad_request_reply, ctrl_response_size,
                        pack_ctrl_resp, pack_event, pack_stats_resp, pack_submit_resp)
 
@@ -93,6 +94,7 @@ class Va1Device(VirtioDevice):
         self.bus_master = True
         self._held: list[Callable[[], None]] = []
         self.fault_port = FaultPort(self)
+        self.migration_port = MigrationPort(self)
 
     # --- VirtioDevice ----------------------------------------------------------------
 
@@ -143,6 +145,7 @@ class Va1Device(VirtioDevice):
 
     def activate(self, queues: Sequence[DeviceRing], interrupt: VirtioInterrupt) -> None:
         self.queues = list(queues)
+        self.migration_port.apply(self.queues)
         self.interrupt = interrupt
         self.active = True
         self.broken = False
@@ -151,6 +154,8 @@ class Va1Device(VirtioDevice):
     def notify(self, queue_index: int) -> None:
         if not self.active or self.broken or not 0 <= queue_index < len(self.queues):
             return
+        if self.migration_port.suspended:
+            return  # spec §15: nothing new is taken; resume() looks again
         if not self.queues[queue_index].ready:
             return
         try:
@@ -199,6 +204,7 @@ class Va1Device(VirtioDevice):
         if not (BREAKS and "reset/keep-pending-work" in BREAKS):
             self.processor.reset()
         self.metrics.reset()
+        self.migration_port.forget()
         self.contexts.clear()
         self.queues = []
         self.interrupt = None

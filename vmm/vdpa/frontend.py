@@ -200,6 +200,36 @@ class VhostBackend(VirtioDevice):
             self.tracer.emit("vdpa_start_failed", error=str(e))
             interrupt.needs_reset("vdpa/start", f"the vDPA device refused the setup: {e}")
 
+    # -- suspend, resume, live move ----------------------------------------------------------
+
+    def suspend(self) -> list[int]:
+        """VHOST_VDPA_SUSPEND (in-flight work finished), then every queue's base."""
+        self._call(uapi.VHOST_VDPA_SUSPEND)
+        return [int(self._state(uapi.VHOST_GET_VRING_BASE, i, 0).num)
+                for i in range(self.num_queues)]
+
+    def resume(self) -> None:
+        """VHOST_VDPA_RESUME, then a kick on every queue for what came meanwhile."""
+        self._call(uapi.VHOST_VDPA_RESUME)
+        self.kick_all()
+
+    def kick_all(self) -> None:
+        for fd in self.kick:
+            self.eventfds.signal(fd)
+
+    def restore(self, features: int, status: int, queues: Sequence[Queue],
+                interrupt: TransportCore) -> None:
+        """Bring a fresh device to where the frontend's guest left the old one: its
+        features, then (if the guest had started it) its queues from `self.bases`."""
+        if status & V.STATUS_FEATURES_OK:
+            self.ack_features(features)
+        if status & V.STATUS_DRIVER_OK:
+            self.start(queues, interrupt)
+
+    def unbind(self) -> None:
+        for fd in self.call:
+            self.irqfd.deassign(fd)
+
     def notify(self, queue_index: int) -> None:
         if 0 <= queue_index < self.num_queues:
             self.eventfds.signal(self.kick[queue_index])
@@ -214,8 +244,7 @@ class VhostBackend(VirtioDevice):
     def close(self) -> None:
         """Interrupts and kicks unwired, the vhost file closed (device reset, IOTLB gone),
         the eventfds closed."""
-        for fd in self.call:
-            self.irqfd.deassign(fd)
+        self.unbind()
         self.eventfds.remove_waiter(self.config_fd, self._config_event)
         self.vhost.close()
         for fd in self.kick + self.call + [self.config_fd]:
@@ -275,11 +304,19 @@ class VdpaPciFrontend(VirtioPciFunction):
         self.backend = backend
         backend.bind(self)
         self.ioeventfd = IoeventfdWindow(BarWindow(self, va1.PCI_BAR, va1.PCI_NOTIFY_OFFSET),
-                                         lambda: backend.kick, backend.eventfds,
+                                         lambda: self.backend.kick, backend.eventfds,
                                          self.notify_multiplier, 2)
 
     def _activate(self, features: int) -> None:
         self.backend.start(self.queues, self)
+
+    def switch_backend(self, backend: VhostBackend) -> VhostBackend:
+        """A live move: `backend` (already restored) takes over; the old one is returned
+        unbound, for the caller to close."""
+        old, self.backend, self.device = self.backend, backend, backend
+        old.unbind()
+        backend.bind(self)
+        return old
 
     def bar_regions(self, index: int) -> Sequence[BarRegion]:
         size = next(b.size for b in self.bars() if b.index == index)
@@ -296,11 +333,19 @@ class VdpaMmioFrontend(MmioTransport):
         super().__init__(backend, irq, tracer)
         self.backend = backend
         backend.bind(self)
-        self.ioeventfd = IoeventfdWindow(self, lambda: backend.kick, backend.eventfds, 0, 4,
+        self.ioeventfd = IoeventfdWindow(self, lambda: self.backend.kick, backend.eventfds, 0, 4,
                                          base=R.QUEUE_NOTIFY)
 
     def _activate(self, features: int) -> None:
         self.backend.start(self.queues, self)
+
+    def switch_backend(self, backend: VhostBackend) -> VhostBackend:
+        """A live move: `backend` (already restored) takes over; the old one is returned
+        unbound, for the caller to close."""
+        old, self.backend, self.device = self.backend, backend, backend
+        old.unbind()
+        backend.bind(self)
+        return old
 
     def regions(self) -> list[tuple[int, int, Any]]:
         """(offset, size, handler) pieces of the window for the VM bus."""

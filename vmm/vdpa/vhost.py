@@ -30,7 +30,11 @@ Semantics and errnos (vhost.c, vdpa.c), with these choices:
   BATCH_END need IOTLB_BATCH; inside a batch updates and invalidations are held and
   applied together at BATCH_END; a second BEGIN or an END without BEGIN is EINVAL; a
   batch still open at close() is dropped, nothing of it applied.
-- SUSPEND / RESUME without the backend feature acked: EOPNOTSUPP.
+- SUSPEND / RESUME without the backend feature acked: EOPNOTSUPP. SUSPEND of a running
+  device returns once it has finished what it took from its rings (the caller's task
+  waits, in virtual time; ETIMEDOUT after 1 s, the device resumed); while suspended,
+  kicks are dropped (the owner re-kicks after RESUME or a move) and NUM/ADDR/BASE may
+  be set again.
 The function's DMA goes through an IOMMU domain of this file's, programmed from the
 IOTLB; closing the file resets the device and drops the domain.
 """
@@ -56,7 +60,7 @@ BACKEND_FEATURES = (1 << uapi.VHOST_BACKEND_F_IOTLB_MSG_V2 | 1 << uapi.VHOST_BAC
 SUSPEND_FEATURES = 1 << uapi.VHOST_BACKEND_F_SUSPEND | 1 << uapi.VHOST_BACKEND_F_RESUME
 MSG_V2_SIZE = uapi.sizeof("struct vhost_msg_v2")
 VRING_DESC_ALIGN, VRING_AVAIL_ALIGN, VRING_USED_ALIGN = 16, 2, 4
-_SCALARS = {"uint64_t", "uint32_t", "uint16_t", "uint8_t", "int"}
+SUSPEND_TIMEOUT_NS = 1_000_000_000   # virtual: how long SUSPEND waits for in-flight work
 
 
 class _Vq:
@@ -390,6 +394,12 @@ class VhostVdpaFile:
         assert m is not None  # offered only then
         if self._status() & V.STATUS_DRIVER_OK:
             m.suspend()
+            drained = self.host.machine.wait_until(lambda: m.quiescent, SUSPEND_TIMEOUT_NS,
+                                                   "vhost-vdpa suspend")
+            if not drained:
+                m.resume()
+                raise vhost_error(errno.ETIMEDOUT, f"{name}: the device did not finish its "
+                                                   f"work within {SUSPEND_TIMEOUT_NS} ns")
         self.suspended = True
         self.trace.emit("vhost_suspend")
 
