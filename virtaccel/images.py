@@ -298,18 +298,23 @@ def _check_plan_functions(plan: FaultPlan, mode: str, transport: str, name: str,
         known = {t.name for t in tenants} | {f"vf{t.index}" for t in tenants}
         plan.check_functions(lambda f: f in known or f.startswith("0000:"))
     else:
-        plan.check_functions(lambda f: f == name or (mode == "passthrough"
+        plan.check_functions(lambda f: f == name or (mode in ("passthrough", "vdpa")
                                                      and f.startswith("0000:")))
         for i, e in enumerate(plan.entries):
             if e.action in ("vf_reset", "vf_stop"):
                 raise FaultPlanError(i, e.name, "action",
                                      f"{e.action} is an admin command of an SR-IOV VF's "
                                      "PF; this image has no VF (mode sriov-vf)")
-            if e.action == "iommu_unmap" and mode != "passthrough":
+            if e.action == "flr" and mode == "vdpa":
+                raise FaultPlanError(i, e.name, "action",
+                                     "flr: the guest's function is the VMM's vDPA frontend; "
+                                     "an FLR of the hardware under it is not a guest event "
+                                     "(use needs_reset)")
+            if e.action == "iommu_unmap" and mode not in ("passthrough", "vdpa"):
                 raise FaultPlanError(i, e.name, "action",
                                      "iommu_unmap needs a function behind the IOMMU; "
                                      "this image's emulated function has none")
-        if transport == "mmio":
+        if transport == "mmio" and mode != "vdpa":
             for i, e in enumerate(plan.entries):
                 if e.action in ("flr", "duplicate_interrupt"):
                     raise FaultPlanError(i, e.name, "action",

@@ -193,7 +193,7 @@ class Session:
         names = {s.name for s in self.specs}
         if self.attach == "sriov":
             names |= {f"vf{n}" for n in range(1, len(self.specs) + 1)}
-        pci_names = self.attach in ("vfio", "sriov")
+        pci_names = self.attach in ("vfio", "sriov", "vdpa")
         plan.check_functions(lambda f: f in names or (pci_names and f.startswith("0000:")))
 
     @classmethod

@@ -82,15 +82,6 @@ class nlmsgdone(nlmsg):
     fields = (("error", "i"),)
 
 
-class _Refused(Exception):
-    """Internal: a request refused with an errno and an extack text."""
-
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
 def _encode(msg: nlmsg, kind: int, flags: int, seq: int, pid: int) -> bytes:
     msg["header"]["type"] = kind
     msg["header"]["flags"] = flags
@@ -123,10 +114,10 @@ class VdpaGenl:
         length, kind, flags, seq, _pid = struct.unpack("=IHHII", head)
         try:
             if len(data) < NLMSG_HDRLEN:
-                raise _Refused(errno.EINVAL, f"truncated message: {len(data)} bytes, the "
+                raise vdpa_error(errno.EINVAL, f"truncated message: {len(data)} bytes, the "
                                              f"netlink header alone is {NLMSG_HDRLEN}")
             if length < NLMSG_HDRLEN + GENL_HDRLEN or length > len(data):
-                raise _Refused(errno.EINVAL, f"truncated message: nlmsg_len {length}, "
+                raise vdpa_error(errno.EINVAL, f"truncated message: nlmsg_len {length}, "
                                              f"{len(data)} bytes sent, generic netlink needs "
                                              f"at least {NLMSG_HDRLEN + GENL_HDRLEN}")
             body = data[:length]
@@ -134,18 +125,18 @@ class VdpaGenl:
             if kind == GENL_ID_CTRL:
                 return [self._ctrl(body, seq, port)]
             if kind != VDPA_FAMILY_ID:
-                raise _Refused(errno.ENOENT, f"no generic netlink family with id {kind}")
+                raise vdpa_error(errno.ENOENT, f"no generic netlink family with id {kind}")
             if version != uapi.VDPA_GENL_VERSION:
-                raise _Refused(errno.EINVAL, f"vdpa family version {version} (this kernel "
+                raise vdpa_error(errno.EINVAL, f"vdpa family version {version} (this kernel "
                                              f"speaks {uapi.VDPA_GENL_VERSION})")
             attrs = self._attrs(body)
             out = self._command(cmd, flags, attrs, admin, seq, port)
             if flags & NLM_F_ACK and not flags & NLM_F_DUMP:
                 out.append(self._error(0, "", head, seq, port))
             return out
-        except _Refused as e:
+        except VdpaError as e:
             self.refused += 1
-            return [self._error(e.code, e.message, head, seq, port)]
+            return [self._error(e.errno or errno.EINVAL, e.strerror or str(e), head, seq, port)]
 
     def _error(self, code: int, text: str, orig: bytes, seq: int, port: int) -> bytes:
         o_len, o_type, o_flags, o_seq, o_pid = struct.unpack("=IHHII", orig)
@@ -163,10 +154,10 @@ class VdpaGenl:
         req = ctrlmsg(body)
         req.decode()
         if req["cmd"] != CTRL_CMD_GETFAMILY:
-            raise _Refused(errno.EOPNOTSUPP, f"nlctrl command {req['cmd']} is not GETFAMILY")
+            raise vdpa_error(errno.EOPNOTSUPP, f"nlctrl command {req['cmd']} is not GETFAMILY")
         name = req.get_attr("CTRL_ATTR_FAMILY_NAME")
         if name != uapi.VDPA_GENL_NAME:
-            raise _Refused(errno.ENOENT, f"no generic netlink family named {name!r}")
+            raise vdpa_error(errno.ENOENT, f"no generic netlink family named {name!r}")
         r = ctrlmsg()
         r["cmd"], r["version"] = CTRL_CMD_NEWFAMILY, 2
         r["attrs"] = [("CTRL_ATTR_FAMILY_ID", VDPA_FAMILY_ID),
@@ -182,23 +173,23 @@ class VdpaGenl:
         pos = NLMSG_HDRLEN + GENL_HDRLEN
         while pos < len(body):
             if len(body) - pos < 4:
-                raise _Refused(errno.EINVAL, f"truncated attribute header at byte {pos}")
+                raise vdpa_error(errno.EINVAL, f"truncated attribute header at byte {pos}")
             alen, atype = struct.unpack_from("=HH", body, pos)
             atype &= 0x3FFF
             if alen < 4 or pos + alen > len(body):
-                raise _Refused(errno.EINVAL, f"attribute at byte {pos}: length {alen} overruns "
+                raise vdpa_error(errno.EINVAL, f"attribute at byte {pos}: length {alen} overruns "
                                              "the message")
             if not 0 < atype < uapi.VDPA_ATTR_MAX:
-                raise _Refused(errno.EINVAL, f"Unknown attribute type {atype} at byte {pos}")
+                raise vdpa_error(errno.EINVAL, f"Unknown attribute type {atype} at byte {pos}")
             name = uapi.VDPA_ATTRS[atype]
             kind, payload = _TYPES[name], body[pos + 4:pos + alen]
             want = _SIZES.get(kind)
             if want is not None and len(payload) != want:
-                raise _Refused(errno.EINVAL, f"{name}: payload of {len(payload)} bytes, "
+                raise vdpa_error(errno.EINVAL, f"{name}: payload of {len(payload)} bytes, "
                                              f"{want} expected")
             if kind == "asciiz" and (not payload or payload[-1:] != b"\0"
                                      or b"\0" in payload[:-1].rstrip(b"\0")):
-                raise _Refused(errno.EINVAL, f"{name}: not a NUL-terminated string")
+                raise vdpa_error(errno.EINVAL, f"{name}: not a NUL-terminated string")
             pos += (alen + 3) & ~3
         msg = vdpamsg(body)
         msg.decode()
@@ -220,16 +211,13 @@ class VdpaGenl:
         }
         entry = table.get(cmd)
         if entry is None:
-            raise _Refused(errno.EOPNOTSUPP, f"vdpa command {cmd} is not supported")
+            raise vdpa_error(errno.EOPNOTSUPP, f"vdpa command {cmd} is not supported")
         handler, can_dump, needs_admin = entry
         if needs_admin and not admin:
-            raise _Refused(errno.EPERM, f"{uapi.COMMANDS[cmd]} needs CAP_NET_ADMIN")
+            raise vdpa_error(errno.EPERM, f"{uapi.COMMANDS[cmd]} needs CAP_NET_ADMIN")
         if dump and not can_dump:
-            raise _Refused(errno.EOPNOTSUPP, f"{uapi.COMMANDS[cmd]} cannot dump")
-        try:
-            replies = handler(attrs, dump)
-        except VdpaError as e:
-            raise _Refused(e.errno or errno.EINVAL, e.strerror or str(e)) from None
+            raise vdpa_error(errno.EOPNOTSUPP, f"{uapi.COMMANDS[cmd]} cannot dump")
+        replies = handler(attrs, dump)
         out = []
         for r in replies:
             r["cmd"], r["version"] = cmd, uapi.VDPA_GENL_VERSION
@@ -244,7 +232,7 @@ class VdpaGenl:
     def _need(attrs: dict[str, Any], *names: str) -> list[Any]:
         for n in names:
             if n not in attrs:
-                raise _Refused(errno.EINVAL, f"Missing attribute {n}")
+                raise vdpa_error(errno.EINVAL, f"Missing attribute {n}")
         return [attrs[n] for n in names]
 
     def _mgmtdev_handle(self, attrs: dict[str, Any]) -> str:
@@ -279,7 +267,7 @@ class VdpaGenl:
         unsupported = [a for a in attrs if a.startswith("VDPA_ATTR_DEV_NET_")
                        or a in ("VDPA_ATTR_DEV_FEATURES",)]
         if unsupported:
-            raise _Refused(errno.EOPNOTSUPP, "Some provided attributes are not supported: "
+            raise vdpa_error(errno.EOPNOTSUPP, "Some provided attributes are not supported: "
                                              + ", ".join(unsupported))
         self.bus.dev_add(name, handle)
         return []
@@ -340,9 +328,9 @@ class VdpaGenl:
         p = d.parent
         from hwspec import virtio as V
         if not p.get_status() & V.STATUS_FEATURES_OK:
-            raise _Refused(errno.EAGAIN, "feature negotiation not complete")
+            raise vdpa_error(errno.EAGAIN, "feature negotiation not complete")
         if not 0 <= index < p.num_queues:
-            raise _Refused(errno.EINVAL, f"queue index {index} exceeds the {p.num_queues} "
+            raise vdpa_error(errno.EINVAL, f"queue index {index} exceeds the {p.num_queues} "
                                          "queues of the device")
         r = vdpamsg()
         a: list[tuple[str, Any]] = [("VDPA_ATTR_DEV_NAME", d.name),
