@@ -141,11 +141,11 @@ def build_parser() -> argparse.ArgumentParser:
     _json(p, "the per-VF results")
 
     p = _verb(sub, "hostile", ".hostile:cli",
-              "hostile-guest scenarios (rings, registers, config space, commands, VFIO) "
+              "hostile-guest scenarios (rings, registers, config space, commands, VFIO, vDPA) "
               "against each attachment while a victim works; a verdict per scenario; exit 1 "
               "on any WEDGED or FAIL")
     p.add_argument("--attach", default=None, metavar="A[,A...]",
-                   help="attachments to attack: mmio, pci, vfio, sriov (default all)")
+                   help="attachments to attack: mmio, pci, vfio, sriov, vdpa (default all)")
     p.add_argument("--category", default=None, metavar="C[,C...]",
                    help="only these categories (see docs/hostile.md), comma-separated")
     p.add_argument("--scenario", default=None, metavar="PREFIX[,...]",

@@ -67,6 +67,7 @@ class VhostBackend(VirtioDevice):
         self.owner = owner
         self.interrupt: TransportCore | None = None
         self.generation = 0
+        self.running = False       # DRIVER_OK reached the device
         self._call(uapi.VHOST_SET_OWNER)
         self.features = self._get("uint64_t", uapi.VHOST_GET_FEATURES)
         offered = self._get("uint64_t", uapi.VHOST_GET_BACKEND_FEATURES)
@@ -196,6 +197,7 @@ class VhostBackend(VirtioDevice):
                 self._state(uapi.VHOST_VDPA_SET_VRING_ENABLE, i, 1)
             self._set_status(V.STATUS_ACKNOWLEDGE | V.STATUS_DRIVER | V.STATUS_FEATURES_OK
                              | V.STATUS_DRIVER_OK)
+            self.running = True
         except VhostError as e:
             self.tracer.emit("vdpa_start_failed", error=str(e))
             interrupt.needs_reset("vdpa/start", f"the vDPA device refused the setup: {e}")
@@ -236,8 +238,20 @@ class VhostBackend(VirtioDevice):
 
     def reset(self) -> None:
         self.bases = [0] * self.num_queues
+        self.running = False
         if not self.vhost.closed:
             self._set_status(0)
+
+    def set_bus_master(self, enabled: bool) -> None:
+        """Bus Master cleared on the frontend while the device runs: vhost has no way to
+        hold the function's DMA, so the VMM stops the device (as QEMU does: DRIVER_OK
+        dropped, the device reset) and sets DEVICE_NEEDS_RESET for the guest's driver."""
+        if enabled or not self.running or self.interrupt is None:
+            return
+        self.reset()
+        self.tracer.emit("vdpa_stopped", reason="bus master cleared")
+        self.interrupt.needs_reset("vdpa/bus-master-off", "Bus Master cleared while the vDPA "
+                                   "device ran: the VMM stopped it")
 
     # -- release --------------------------------------------------------------------------------
 
