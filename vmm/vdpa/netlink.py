@@ -63,13 +63,13 @@ _TYPES: dict[str, str] = {
 _SIZES = {"uint64": 8, "uint32": 4, "uint16": 2, "uint8": 1, "l2addr": 6, "none": 0}
 
 
-class vdpamsg(genlmsg):
+class vdpamsg(genlmsg):  # type: ignore[misc]
     """A message of the vdpa family: genl header, then VDPA_ATTR_* attributes."""
     prefix = "VDPA_ATTR_"
     nla_map = tuple((name, _TYPES[name]) for name in uapi.VDPA_ATTRS)
 
 
-class nlmsgerr_ext(nlmsg):
+class nlmsgerr_ext(nlmsg):  # type: ignore[misc]
     """NLMSG_ERROR as the kernel sends it with extack: error, the request's header
     (capped: no payload), then NLMSGERR_ATTR_* attributes."""
     fields = (("error", "i"), ("orig_length", "I"), ("orig_type", "H"), ("orig_flags", "H"),
@@ -78,7 +78,7 @@ class nlmsgerr_ext(nlmsg):
                ("NLMSGERR_ATTR_OFFS", "uint32"))
 
 
-class nlmsgdone(nlmsg):
+class nlmsgdone(nlmsg):  # type: ignore[misc]
     fields = (("error", "i"),)
 
 

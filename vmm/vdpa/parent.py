@@ -52,6 +52,9 @@ class MigrationPort(Protocol):
     @property
     def suspended(self) -> bool: ...
 
+    @property
+    def quiescent(self) -> bool: ...
+
     def vq_state(self, index: int) -> int: ...
 
     def set_vq_state(self, index: int, last_avail_idx: int) -> None: ...
@@ -259,8 +262,8 @@ class VpVdpa:
 
     @property
     def migration(self) -> MigrationPort | None:
-        port = getattr(self.hf.device, "migration_port", None)
-        return port  # type: ignore[no-any-return]
+        port: MigrationPort | None = getattr(self.hf.device, "migration_port", None)
+        return port
 
     def get_vq_state(self, index: int) -> int:
         m = self.migration

@@ -214,8 +214,8 @@ def catalogue() -> list[Scenario]:
         ("arg-wrong-type", "vhost/ioctl", uapi.VHOST_VDPA_GET_STATUS,
          lambda a: _u("uint64_t"), errno.EFAULT, None),
     ]
-    for name, rule, request, arg, want, process in cases:
-        add(name, rule, ioctl_case(request, arg, want, process),
+    for name, rule, request, arg, expect, process in cases:
+        add(name, rule, ioctl_case(request, arg, expect, process),
             f"{uapi.IOCTL_NAMES.get(request, hex(request))}: {name.replace('-', ' ')}")
 
     def call_not_eventfd(a: Attack) -> None:
