@@ -94,6 +94,7 @@ class VhostVdpaFile:
         self.suspended = False
         self.closed = False
         self.iotlb_msgs = 0
+        self._kickers: dict[int, Callable[[int], None]] = {}
         rid = self.parent.hf.requester_id
         self.domain: IommuDomain = host.iommu.create_domain()
         try:
@@ -418,13 +419,14 @@ class VhostVdpaFile:
         return lambda: self.host.eventfds.signal(fd)
 
     def _kicker(self, index: int) -> Callable[[int], None]:
-        cache: dict[int, Callable[[int], None]] = self.__dict__.setdefault("_kickers", {})
-        k = cache.get(index)
+        """The kick eventfd's waiter of queue `index` (one per queue, so it can be
+        removed): a signal rings the function's doorbell unless suspended."""
+        k = self._kickers.get(index)
         if k is None:
             def kick(fd: int) -> None:
                 if drain(fd) and not self.suspended and not self.closed:
                     self.parent.kick_vq(index)
-            k = cache[index] = kick
+            k = self._kickers[index] = kick
         return k
 
     # -- IOTLB --------------------------------------------------------------------------------
