@@ -14,8 +14,12 @@ every bad field gets an error naming the file and the field. Format (README, "VM
     exit_cost_ns = 1000              # virtual cost of a trapped MMIO access
 
     [accelerator]                    # required
-    mode = "emulated"                # "emulated" | "passthrough"
+    mode = "emulated"                # "emulated" | "passthrough" | "vdpa" | "sriov-vf"
     transport = "mmio"               # "mmio" | "pci" (passthrough: "pci" only)
+    spare = 1                        # vdpa only: extra host functions under vp_vdpa with
+                                     # no device (`virtaccel vdpa dev add`, a move), 0 .. 8
+    parent = "pf"                    # vdpa only: "pf" (a VA-1 function each) or "vf"
+                                     # (VFs of one card, a VF per VM then the spares)
     [accelerator.config]             # optional Va1Config fields (ints), e.g.
     num_compute_units = 4
 
@@ -92,7 +96,8 @@ __all__ = ["ImageError", "ImageRun", "VmImage", "load_image", "parse_image", "ru
            "tenant_seed"]
 
 DEFAULT_PROGRAM = "virtaccel.guests.mlp:main"
-MODES = ("emulated", "passthrough", "sriov-vf")
+MODES = ("emulated", "passthrough", "sriov-vf", "vdpa")
+MAX_SPARE = 8
 MAX_TOTAL_VFS = 64
 TRANSPORTS = ("mmio", "pci")
 PAGE = 4096
@@ -110,6 +115,8 @@ class AcceleratorSpec:
     config: dict[str, int] = field(default_factory=dict)
     resources: dict[str, int] = field(default_factory=dict)   # sriov-vf: default VF resources
     total_vfs: int | None = None                               # sriov-vf: the card's TotalVFs
+    spare: int = 0             # vdpa: extra host functions with a management device only
+    parent: str = "pf"         # vdpa: "pf" (a VA-1 function each) or "vf" (VFs of one card)
 
 
 @dataclass(frozen=True)
@@ -209,7 +216,8 @@ def parse_image(doc: dict[str, Any], path: str = "<image>") -> VmImage:
     if "accelerator" not in doc:
         raise c.fail("accelerator", "missing (mode and transport of the VA-1 to attach)")
     acc = c.table(doc, "accelerator", "")
-    c.keys(acc, "accelerator.", ("mode", "transport", "config", "resources", "total_vfs"))
+    c.keys(acc, "accelerator.", ("mode", "transport", "config", "resources", "total_vfs",
+                                 "spare", "parent"))
     mode = c.typed(acc.get("mode", "emulated"), "accelerator.mode", str, "text")
     if mode not in MODES:
         raise c.fail("accelerator.mode", f"unknown mode {mode!r} (one of: {', '.join(MODES)})")
@@ -220,6 +228,17 @@ def parse_image(doc: dict[str, Any], path: str = "<image>") -> VmImage:
                                               f"(one of: {', '.join(TRANSPORTS)})")
     if mode in ("passthrough", "sriov-vf") and transport != "pci":
         raise c.fail("accelerator.transport", f"{mode} assigns a PCI function: transport must be \"pci\"")
+    spare, parent = 0, "pf"
+    if mode == "vdpa":
+        spare = c.int_range(acc.get("spare", 0), "accelerator.spare", 0, MAX_SPARE)
+        parent = c.typed(acc.get("parent", "pf"), "accelerator.parent", str, "text")
+        if parent not in ("pf", "vf"):
+            raise c.fail("accelerator.parent", f"{parent!r}: \"pf\" (a VA-1 function) or "
+                                               "\"vf\" (a VF of one card)")
+    else:
+        for key in ("spare", "parent"):
+            if key in acc:
+                raise c.fail(f"accelerator.{key}", "only for mode = \"vdpa\"")
     if mode != "sriov-vf":
         for key in ("resources", "total_vfs"):
             if key in acc:
@@ -266,8 +285,9 @@ def parse_image(doc: dict[str, Any], path: str = "<image>") -> VmImage:
     except ParamError as e:
         raise c.fail("guest.cmdline", str(e)) from None
     return VmImage(path, name, description, seed, memory, vcpus, exit_cost,
-                   AcceleratorSpec(mode, transport, dict(cfg), resources, total_vfs), entry, args,
-                   tenants, faults, cmdline, guest_features)
+                   AcceleratorSpec(mode, transport, dict(cfg), resources, total_vfs, spare,
+                                   parent),
+                   entry, args, tenants, faults, cmdline, guest_features)
 
 
 def _guest_features(c: _Checker, guest: dict[str, Any]) -> tuple[str, ...] | None:
@@ -327,18 +347,23 @@ def _check_plan_functions(plan: FaultPlan, mode: str, transport: str, name: str,
         known = {t.name for t in tenants} | {f"vf{t.index}" for t in tenants}
         plan.check_functions(lambda f: f in known or f.startswith("0000:"))
     else:
-        plan.check_functions(lambda f: f == name or (mode == "passthrough"
+        plan.check_functions(lambda f: f == name or (mode in ("passthrough", "vdpa")
                                                      and f.startswith("0000:")))
         for i, e in enumerate(plan.entries):
             if e.action in ("vf_reset", "vf_stop"):
                 raise FaultPlanError(i, e.name, "action",
                                      f"{e.action} is an admin command of an SR-IOV VF's "
                                      "PF; this image has no VF (mode sriov-vf)")
-            if e.action == "iommu_unmap" and mode != "passthrough":
+            if e.action == "flr" and mode == "vdpa":
+                raise FaultPlanError(i, e.name, "action",
+                                     "flr: the guest's function is the VMM's vDPA frontend; "
+                                     "an FLR of the hardware under it is not a guest event "
+                                     "(use needs_reset)")
+            if e.action == "iommu_unmap" and mode not in ("passthrough", "vdpa"):
                 raise FaultPlanError(i, e.name, "action",
                                      "iommu_unmap needs a function behind the IOMMU; "
                                      "this image's emulated function has none")
-        if transport == "mmio":
+        if transport == "mmio" and mode != "vdpa":
             for i, e in enumerate(plan.entries):
                 if e.action in ("flr", "duplicate_interrupt"):
                     raise FaultPlanError(i, e.name, "action",

@@ -47,7 +47,8 @@ from .errors import LaunchError, SessionStateError
 if TYPE_CHECKING:
     from .images import VmImage
 
-ATTACHMENTS = ("mmio", "pci", "vfio", "sriov")
+ATTACHMENTS = ("mmio", "pci", "vfio", "sriov", "vdpa")
+VDPA_TRANSPORTS = ("pci", "mmio")
 DEFAULT_MEMORY = 256 << 20
 Program = Callable[[GuestOS], Any]
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -128,14 +129,34 @@ class Session:
                  card_options: Mapping[str, Any] | None = None,
                  faults: FaultPlan | None = None, cmdline: str = "",
                  time_limit_ns: int | None = None,
-                 guest_features: Iterable[str] | None = None) -> None:
+                 guest_features: Iterable[str] | None = None, transport: str | None = None,
+                 spare: int = 0, vdpa_parent: str = "pf") -> None:
         """`cmdline`: every guest kernel's command line (the VA-1 driver's `va1.*`
         parameters, checked here). `time_limit_ns`: virtual time past which a guest wait
         ends in vmm.machine.VirtualTimeLimit (None: no limit). `guest_features`: the
         optional virtio features the guest's driver may accept (`va1.features=` on the
-        command line; None: its defaults), with every one offered by the device."""
+        command line; None: its defaults), with every one offered by the device.
+        `transport` ("pci" or "mmio"), `spare` (extra vdpa parents) and `vdpa_parent`
+        ("pf" or "vf"): for attach="vdpa" only."""
         if attach not in ATTACHMENTS:
             raise ValueError(f"attach {attach!r}: one of {', '.join(ATTACHMENTS)}")
+        if attach == "vdpa":
+            transport = "pci" if transport is None else transport
+            if transport not in VDPA_TRANSPORTS:
+                raise ValueError(f"transport {transport!r} for a vdpa attachment: one of "
+                                 f"{', '.join(VDPA_TRANSPORTS)}")
+        elif transport is not None:
+            raise ValueError(f"transport={transport!r} is for attach='vdpa' only (attach "
+                             f"{attach!r} names its transport itself)")
+        self.transport = transport
+        if not isinstance(spare, int) or isinstance(spare, bool) or not 0 <= spare <= 8 \
+                or (spare and attach != "vdpa"):
+            raise ValueError(f"spare={spare!r}: 0 .. 8 extra vdpa parents, attach='vdpa' only")
+        self.spare = spare
+        if vdpa_parent not in ("pf", "vf") or (vdpa_parent == "vf" and attach != "vdpa"):
+            raise ValueError(f"vdpa_parent={vdpa_parent!r}: 'pf' (a VA-1 function each) or "
+                             "'vf' (VFs of one card), attach='vdpa' only")
+        self.vdpa_parent = vdpa_parent
         try:
             self.guest_features = (None if guest_features is None
                                    else feature_names(feature_mask(guest_features)))
@@ -218,7 +239,7 @@ class Session:
         names = {s.name for s in self.specs}
         if self.attach == "sriov":
             names |= {f"vf{n}" for n in range(1, len(self.specs) + 1)}
-        pci_names = self.attach in ("vfio", "sriov")
+        pci_names = self.attach in ("vfio", "sriov", "vdpa")
         plan.check_functions(lambda f: f in names or (pci_names and f.startswith("0000:")))
 
     @classmethod
@@ -231,7 +252,8 @@ class Session:
         from .images import VmImage, load_image
         img = image if isinstance(image, VmImage) else load_image(image)
         acc = img.accelerator
-        attach = {"emulated": acc.transport, "passthrough": "vfio", "sriov-vf": "sriov"}[acc.mode]
+        attach = {"emulated": acc.transport, "passthrough": "vfio", "sriov-vf": "sriov",
+                  "vdpa": "vdpa"}[acc.mode]
         if attach == "sriov":
             specs: list[VmSpec] = [VmSpec(t.name, t.memory, VfResources(**t.resources))
                                    for t in img.tenants]
@@ -243,7 +265,9 @@ class Session:
                 keep_trace=keep_trace, card_factory=card_factory,
                 pf_driver_factory=pf_driver_factory, card_options=options,
                 faults=img.faults, cmdline=img.cmdline, time_limit_ns=time_limit_ns,
-                guest_features=img.guest_features)
+                guest_features=img.guest_features,
+                transport=acc.transport if attach == "vdpa" else None,
+                spare=acc.spare, vdpa_parent=acc.parent)
         s.image = img
         return s
 
@@ -257,9 +281,14 @@ class Session:
         try:
             if self.attach == "sriov":
                 self._build_sriov()
+            elif self.attach == "vdpa" and self.vdpa_parent == "vf":
+                self._build_vdpa_vfs()
             else:
                 for i, spec in enumerate(self.specs):
                     self._build_vm(i, spec)
+                for k in range(self.spare if self.attach == "vdpa" else 0):
+                    host = self.host or self._new_host()
+                    host.vdpa.register(host.add_va1(self.config, dev=len(self.specs) + k))
         except Exception as e:
             self._release()
             self.state = SessionState.FAILED
@@ -312,6 +341,12 @@ class Session:
             vm.attach_va1_mmio(self.config)
         elif self.attach == "pci":
             vm.attach_va1_pci(self.config)
+        elif self.attach == "vdpa":
+            host = self.host or self._new_host()
+            mgmt = host.vdpa.register(host.add_va1(self.config, dev=index))
+            device = host.vdpa.dev_add(f"vdpa{index}", mgmt.handle)
+            assert self.transport is not None
+            vm.attach_va1_vdpa(host, device.name, self.transport)
         else:
             host = self.host or self._new_host()
             vm.attach_va1_passthrough(host, host.add_va1(self.config, dev=index))
@@ -326,6 +361,23 @@ class Session:
         self.vfs = host.enable_sriov(len(self.specs), resources, pf=self.pf)
         for spec, vf in zip(self.specs, self.vfs):
             self._new_vm(spec).attach_va1_passthrough(host, vf)
+
+    def _build_vdpa_vfs(self) -> None:
+        """One card, a VF per VM plus the spares, each under vp_vdpa (not vfio-pci);
+        VM i gets a vdpa device on VF i+1."""
+        host = self._new_host()
+        self.pf = host.add_va1_card(self.config, card_factory=self.card_factory,
+                                    **self.card_options)
+        n = len(self.specs) + self.spare
+        per_vm = [s.resources or self.resources for s in self.specs] + [self.resources] * self.spare
+        resources = None if all(r is None for r in per_vm) else \
+            [r if r is not None else VfResources() for r in per_vm]
+        self.vfs = host.enable_sriov(n, resources, pf=self.pf, bind=False)
+        mgmts = [host.vdpa.register(vf) for vf in self.vfs]
+        for i, spec in enumerate(self.specs):
+            device = host.vdpa.dev_add(f"vdpa{i}", mgmts[i].handle)
+            assert self.transport is not None
+            self._new_vm(spec).attach_va1_vdpa(host, device.name, self.transport)
 
     def _release(self) -> None:
         for vm in self.vms:
@@ -417,6 +469,26 @@ class Session:
         """Write the kept trace as Chrome trace-event JSON (needs keep_trace=True)."""
         from .trace_export import write_chrome_trace
         return write_chrome_trace(self.machine.trace, path)
+
+    # -- vDPA ---------------------------------------------------------------------------
+
+    @_requires(SessionState.READY, SessionState.RUNNING)
+    def move_vdpa(self, mgmtdev: str, *, vm: int | str | Vm | None = None,
+                  name: str | None = None) -> str:
+        """Live-move `vm`'s vdpa device to a new device on `mgmtdev` (a spare parent's
+        "pci/<bdf>"): suspend, bases and state, set up on the new function, switch, kick
+        (vmm.vdpa.migrate). Call it from a host task while guests run, or between runs.
+        Returns the new device's name."""
+        if self.attach != "vdpa":
+            raise SessionStateError(f"Session.move_vdpa(): attach is {self.attach!r}, not vdpa")
+        from vmm.vdpa.migrate import move
+        target = self._vm(vm)
+        att = target.vdpa[0]
+        if name is None:
+            base, _, n = att.device_name.partition("~")
+            name = f"{base}~{int(n or 0) + 1}"
+        move(target, att, mgmtdev, name)
+        return name
 
     # -- running guests -----------------------------------------------------------------
 

@@ -19,6 +19,16 @@ def new_eventfd() -> int:
     return os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
 
 
+def is_eventfd(fd: int) -> bool | None:
+    """True for an open eventfd, False for another open fd, None for a closed one (what
+    eventfd_ctx_fdget tells apart: EINVAL for the second, EBADF for the third)."""
+    try:
+        with open(f"/proc/self/fdinfo/{fd}") as f:
+            return "eventfd-count" in f.read()
+    except OSError:
+        return None
+
+
 def drain(fd: int) -> int:
     """Read and reset the counter; 0 when nothing was signalled (never blocks)."""
     try:

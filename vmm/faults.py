@@ -270,6 +270,7 @@ class FaultTarget:
     host: Host | None = None                   # an assigned function's host
     pf: str | None = None                      # a VF: its PF's PCI name
     vf: int | None = None                      # a VF: its number (1-based)
+    vdpa: bool = False                         # a function behind vhost-vdpa
 
 
 def fault_targets(vms: Sequence[Vm], host: Host | None = None) -> dict[str, FaultTarget]:
@@ -294,6 +295,13 @@ def fault_targets(vms: Sequence[Vm], host: Host | None = None) -> dict[str, Faul
                                      pci=(host.pci, hf.slot) if host is not None else None,
                                      host=host, pf=hf.pf.name if hf.pf is not None else None,
                                      vf=hf.vf_index))
+        for v in getattr(vm, "vdpa", ()):
+            hf = v.backend.vhost.parent.hf
+            aliases = (hf.name,) if hf.vf_index is None else (f"vf{hf.vf_index}", hf.name)
+            found.append(FaultTarget(vm.name, aliases, vm, hf.dma, hf.device,
+                                     _source(hf.device), msi=hf.msi, host=host,
+                                     pf=hf.pf.name if hf.pf is not None else None,
+                                     vf=hf.vf_index, vdpa=True))
         for n, target in enumerate(found):
             if n:
                 target.name = f"{vm.name}.{n}"
@@ -768,6 +776,11 @@ class FaultInjector:
 
 def _check_target(i: int, e: FaultEntry, t: FaultTarget) -> None:
     """Refuse an action the target's attachment cannot take (before anything runs)."""
+    if e.action == "flr" and t.vdpa:
+        raise FaultPlanError(i, e.name, "action",
+                             f"{e.function!r} is behind vhost-vdpa: the guest's function is "
+                             "the VMM's emulated frontend, an FLR of the hardware under it "
+                             "is not a guest-visible event (use needs_reset)")
     if e.action == "flr" and t.pci is None:
         raise FaultPlanError(i, e.name, "action",
                              f"{e.function!r} is not a PCI function (virtio-mmio): no FLR")

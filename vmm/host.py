@@ -34,6 +34,8 @@ from .vfio.pci_device import VfioPciDevice
 if TYPE_CHECKING:
     from guest_driver.va1.pf import VA1Pf
 
+    from .vdpa.bus import VdpaBus
+
 
 @dataclass
 class HostPciFunction:
@@ -83,6 +85,15 @@ class Host:
         self.kernels: dict[str, HostKernelServices] = {}    # PF name -> host-kernel services
         self.pf_drivers: dict[str, PfDriver] = {}           # PF name -> bound PF driver
         self.pf_driver_factory: PfDriverFactory | None = None
+        self._vdpa: "VdpaBus | None" = None
+
+    @property
+    def vdpa(self) -> "VdpaBus":
+        """The host's vdpa bus (management devices, vdpa devices, vhost-vdpa files)."""
+        if self._vdpa is None:
+            from .vdpa.bus import VdpaBus
+            self._vdpa = VdpaBus(self)
+        return self._vdpa
 
     def add_function(self, factory: FunctionFactory, bus: int = 1, dev: int = 0, fn: int = 0
                      ) -> HostPciFunction:

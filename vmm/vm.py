@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from .host import Host, HostPciFunction
     from .vfio.container import VfioContainer
     from .vfio.passthrough import VfioPciPassthrough
+    from .vdpa.frontend import VdpaMmioFrontend, VdpaPciFrontend, VhostBackend
 
 MMIO_BASE = 0xD000_0000
 FIRST_MMIO_IRQ = 5
@@ -59,6 +60,18 @@ class PassthroughVa1:
     slot: PciSlot
 
 
+@dataclass
+class VdpaVa1:
+    """A vdpa device of a host given to this VM: vhost-vdpa file, backend, frontend."""
+    device_name: str
+    host: "Host"
+    backend: "VhostBackend"
+    frontend: "VdpaPciFrontend | VdpaMmioFrontend"
+    transport: str                  # "pci" or "mmio"
+    slot: PciSlot | None = None     # pci
+    platform: PlatformDevice | None = None   # mmio
+
+
 class Vm:
     def __init__(self, machine: Machine, name: str = "vm0", ram_size: int = 256 << 20,
                  ram_base: int = 0, exit_cost_ns: int = 1000, cmdline: str = "") -> None:
@@ -75,6 +88,7 @@ class Vm:
         self.accelerators: list[EmulatedVa1] = []
         self.pci_accelerators: list[EmulatedVa1Pci] = []
         self.passthrough: list[PassthroughVa1] = []
+        self.vdpa: list[VdpaVa1] = []
         self._pci: PciHost | None = None
         self._irqfds: dict[int, IrqfdRegistry] = {}
         self.closed = False
@@ -187,6 +201,48 @@ class Vm:
         self.passthrough.append(attached)
         return attached
 
+    def attach_va1_vdpa(self, host: "Host", device: str, transport: str = "pci") -> VdpaVa1:
+        """Give this VM the host's vdpa device `device`, as QEMU's vhost-vdpa device
+        does: open its /dev/vhost-vdpa-N, put guest RAM in the IOTLB at IOVA = GPA, and
+        show the guest an emulated VA-1 over `transport` ("pci" or "mmio") whose queue
+        setup goes to the device and whose doorbells and interrupts are eventfds."""
+        from .vdpa.frontend import VdpaMmioFrontend, VdpaPciFrontend, VhostBackend
+        if transport not in ("pci", "mmio"):
+            raise ValueError(f"vdpa transport {transport!r}: one of pci, mmio")
+        dev = host.vdpa.device(device)
+        vhost = host.vdpa.open(dev.vhost_path, [self.memory], process=self)
+        try:
+            if transport == "pci":
+                source = f"{self.name}.vdpa.{self._free_dev():02x}"
+            else:
+                source = f"{self.name}.vdpa.mmio{len(self.kernel.platform_devices)}"
+            tracer = self.machine.trace.tracer(source)
+            backend = VhostBackend(vhost, self.memory, host.eventfds, self.irqfd(host.eventfds),
+                                   tracer, owner=self)
+        except BaseException:
+            vhost.close()
+            raise
+        try:
+            if transport == "pci":
+                pci = VdpaPciFrontend(backend, self.irqchip.msi_port(), tracer)
+                attached = VdpaVa1(device, host, backend, pci, transport,
+                                   slot=self.attach_pci(pci, source))
+            else:
+                index = len(self.kernel.platform_devices)
+                base = MMIO_BASE + index * virtio_mmio.REGION_SIZE
+                line = FIRST_MMIO_IRQ + index
+                mmio = VdpaMmioFrontend(backend, self.irqchip.line(line), tracer)
+                for off, size, handler in mmio.regions():
+                    self.bus.add(base + off, size, handler, name=f"{source}+{off:#x}")
+                platform = PlatformDevice("virtio,mmio", base, virtio_mmio.REGION_SIZE, line)
+                self.kernel.platform_devices = self.kernel.platform_devices + (platform,)
+                attached = VdpaVa1(device, host, backend, mmio, transport, platform=platform)
+        except BaseException:
+            backend.close()
+            raise
+        self.vdpa.append(attached)
+        return attached
+
     def boot(self) -> GuestOS:
         """Run the guest kernel's probe of its devices (in guest context)."""
         from guest_driver.boot import boot
@@ -215,4 +271,6 @@ class Vm:
             group = p.host_function.group
             if group is not None and group.container is p.container:
                 group.unset_container()  # the last group out drops every IOMMU mapping
+        for v in self.vdpa:
+            v.backend.close()
         self.host.close()

@@ -30,6 +30,7 @@ from .engine import CommandProcessor, Submission
 from .memory import DeviceMemory
 from .scheduler import Scheduler
 from .metrics import Metrics
+from .migration import MigrationPort
 from .requests import (CtrlRequest, SubmitRequest, bad_request_reply, ctrl_response_size,
                        pack_ctrl_resp, pack_event, pack_stats_resp, pack_submit_resp)
 
@@ -98,6 +99,7 @@ class Va1Device(VirtioDevice):
         self._held: list[Callable[[], None]] = []
         self._busy: dict[int, int] = {}   # controlq/adminq: requests taken, not answered
         self.fault_port = FaultPort(self)
+        self.migration_port = MigrationPort(self)
 
     # --- VirtioDevice ----------------------------------------------------------------
 
@@ -149,6 +151,7 @@ class Va1Device(VirtioDevice):
 
     def activate(self, queues: Sequence[DeviceRing], interrupt: VirtioInterrupt) -> None:
         self.queues = list(queues)
+        self.migration_port.apply(self.queues)
         self.interrupt = interrupt
         self.active = True
         self.broken = False
@@ -164,6 +167,8 @@ class Va1Device(VirtioDevice):
     def _notified(self, queue_index: int, data: tuple[int, int] | None) -> None:
         if not self.active or self.broken or not 0 <= queue_index < len(self.queues):
             return
+        if self.migration_port.suspended:
+            return  # spec §15: nothing new is taken; resume() looks again
         if not self.queues[queue_index].ready:
             return
         try:
@@ -241,6 +246,7 @@ class Va1Device(VirtioDevice):
         if not (BREAKS and "reset/keep-pending-work" in BREAKS):
             self.processor.reset()
         self.metrics.reset()
+        self.migration_port.forget()
         self.contexts.clear()
         self._busy.clear()
         self.queues = []

@@ -269,8 +269,13 @@ class TransportCore:
             self.device.ack_features(acked)
         self.status = new
         if added & V.STATUS_DRIVER_OK:
-            features = self.acked_features
-            self.device.activate([make_device_ring(features, q) for q in self.queues], self)
+            self._activate(self.acked_features)
+
+    def _activate(self, features: int) -> None:
+        """DRIVER_OK: hand the device the device side of every ring. A transport whose
+        data path lies elsewhere (a VMM's vhost-vdpa frontend, which hands the queue
+        registers to the hardware instead) overrides this."""
+        self.device.activate([make_device_ring(features, q) for q in self.queues], self)
 
     def _transition_ok(self, old: int, new: int, value: int) -> bool:
         """Bits only added, in order (spec §3.1); else log the rule broken."""

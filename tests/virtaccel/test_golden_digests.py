@@ -31,6 +31,11 @@ IMAGE_RUNS = {
                         261_881, 137, 124),
     "tenants-8": ("8fbe383230e7eddd1373f6f0855195e28dc8369c141e56dfefd78ca6af1d3c11",
                   101_299_180, 1216, 1088),
+    # vDPA (issue 12): pinned when the images were added
+    "vdpa-mmio": ("579983a804acc2715de0fba7a5fe24d4bde2c60e0bf863ed3d39accf47339893",
+                  255_681, 143, 0),
+    "vdpa-pci": ("9e39cdd2cfa766d56f5b2cf85be0b44876be41c9a2aa6b3dd59c24702cb1533c",
+                 373_681, 261, 0),
 }
 
 IMAGES = Path(__file__).resolve().parents[2] / "vm_images"

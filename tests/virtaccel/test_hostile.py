@@ -124,7 +124,7 @@ def test_the_same_seed_gives_the_same_results() -> None:
 
 def test_the_catalogue_is_broad() -> None:
     scs = catalogue()
-    runs = {a: sum(s.applies(a) for s in scs) for a in ("mmio", "pci", "vfio", "sriov")}
+    runs = {a: sum(s.applies(a) for s in scs) for a in ("mmio", "pci", "vfio", "sriov", "vdpa")}
     assert all(n >= 300 for n in runs.values()), runs
     assert {s.category for s in scs} == set(CATEGORIES)
     assert len({s.name for s in scs}) == len(scs)
@@ -139,7 +139,7 @@ def _bad(results: list[Any]) -> dict[tuple[str, str], str]:
 @pytest.mark.parametrize("attach", [
     "mmio",
     # 3-20 s each: `make campaign` runs them (pytest -m campaign), `make test` does not.
-    *[pytest.param(a, marks=pytest.mark.campaign) for a in ("pci", "vfio", "sriov")]])
+    *[pytest.param(a, marks=pytest.mark.campaign) for a in ("pci", "vfio", "sriov", "vdpa")]])
 def test_full_catalogue(attach: str) -> None:
     report = run_suite(catalogue(), [attach], seed=0)
     bad = _bad(report.results)
@@ -150,14 +150,24 @@ def test_full_catalogue(attach: str) -> None:
     assert not fixed, f"fixed now: remove {fixed} from KNOWN_DEFECTS"
 
 
+def test_vdpa_category_has_no_wedged_or_fail() -> None:
+    """The hostile VMM of a vdpa device (vhost ioctls, IOTLB, eventfds, netlink) while a
+    victim on another function works: every scenario PASS or REJECT."""
+    report = run_suite([s for s in catalogue() if s.category == "vDPA"], ["vdpa"], seed=0)
+    assert len(report.results) >= 35
+    assert _bad(report.results) == {}
+    assert not any("expected" in n for r in report.results for n in r.notes), \
+        [(r.scenario, r.notes) for r in report.results if r.notes]
+
+
 # -- the CLI -----------------------------------------------------------------------------------
 
 SMOKE = "ring/loop-self,ring/avail-jump-0x11/submitq,status/ack-to-0x08,mmio/write8-status," \
         "pci/notify-wrong-value,admin/reset-victim-on-submitq,vfio/map-overlap,cmd/opcode-0x7f," \
-        "toctou/cmdbuf-after-0ns"
+        "toctou/cmdbuf-after-0ns,vdpa/iotlb-overlap"
 
 
-@pytest.mark.parametrize("attach", ["mmio", "pci", "vfio", "sriov"])
+@pytest.mark.parametrize("attach", ["mmio", "pci", "vfio", "sriov", "vdpa"])
 def test_cli_smoke(attach: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out, page = tmp_path / "h.json", tmp_path / "h.html"
     code = main(["hostile", "--attach", attach, "--scenario", SMOKE, "--seed", "3",
@@ -170,6 +180,7 @@ def test_cli_smoke(attach: str, tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert ("mmio/write8-status" in names) == (attach == "mmio")
     assert ("vfio/map-overlap" in names) == (attach in ("vfio", "sriov"))
     assert ("admin/reset-victim-on-submitq" in names) == (attach == "sriov")
+    assert ("vdpa/iotlb-overlap" in names) == (attach == "vdpa")
     assert doc["ok"] is True and doc["seed"] == 3 and doc["attachments"] == [attach]
     assert sum(doc["totals"].values()) == doc["scenarios"] == len(doc["results"])
     loop = next(r for r in doc["results"] if r["scenario"] == "ring/loop-self/submitq")
@@ -194,7 +205,7 @@ def test_cli_json_on_stdout(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 @pytest.mark.parametrize("argv, what", [
-    (["--attach", "vdpa"], "--attach"),
+    (["--attach", "vhost"], "--attach"),
     (["--attach", ""], "--attach"),
     (["--category", "rings"], "--category"),
     (["--scenario", "nothing/like/this"], "no scenario matches"),

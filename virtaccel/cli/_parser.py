@@ -149,11 +149,11 @@ def build_parser() -> argparse.ArgumentParser:
     _json(p, "the per-VF results")
 
     p = _verb(sub, "hostile", ".hostile:cli",
-              "hostile-guest scenarios (rings, registers, config space, commands, VFIO) "
+              "hostile-guest scenarios (rings, registers, config space, commands, VFIO, vDPA) "
               "against each attachment while a victim works; a verdict per scenario; exit 1 "
               "on any WEDGED or FAIL")
     p.add_argument("--attach", default=None, metavar="A[,A...]",
-                   help="attachments to attack: mmio, pci, vfio, sriov (default all)")
+                   help="attachments to attack: mmio, pci, vfio, sriov, vdpa (default all)")
     p.add_argument("--category", default=None, metavar="C[,C...]",
                    help="only these categories (see docs/hostile.md), comma-separated")
     p.add_argument("--scenario", default=None, metavar="PREFIX[,...]",
@@ -203,6 +203,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plans", metavar="DIR", default=None,
                    help="write each failing seed's minimal plan to DIR/seed-<N>.toml")
     _json(p, "the report")
+
+    p = _verb(sub, "vdpa", ".vdpa:cli",
+              "iproute2's vdpa tool (mgmtdev show; dev add/del/show; dev config show; dev "
+              "vstats show) over the vdpa netlink family of a host built from a vdpa image")
+    p.add_argument("--image", default=None, metavar="IMAGE",
+                   help="a vdpa VM image (default vm_images/vdpa-pci.toml)")
+    p.add_argument("-j", dest="json", action="store_true",
+                   help="print JSON (one object per command, iproute2's shapes)")
+    p.add_argument("-b", "--batch", metavar="FILE", default=None,
+                   help="run one command per line of FILE ('-': stdin) on the same host")
+    p.add_argument("--no-run", action="store_true",
+                   help="do not run the image's guest program before the commands")
+    p.add_argument("command", nargs=argparse.REMAINDER, metavar="OBJECT COMMAND",
+                   help="mgmtdev show [MGMTDEV] | dev add name NAME mgmtdev MGMTDEV | dev del "
+                        "NAME | dev show [NAME] | dev config show [NAME] | dev vstats show "
+                        "NAME qidx N")
 
     p = _verb(sub, "stats", ".stats:cli",
               "run the demo workload and print per-function and per-context counters")

@@ -8,7 +8,7 @@ import argparse
 
 from ._args import CliError, check_output
 
-ATTACHMENTS = ("mmio", "pci", "vfio", "sriov")
+ATTACHMENTS = ("mmio", "pci", "vfio", "sriov", "vdpa")
 
 
 def _split(text: str) -> list[str]:

@@ -47,7 +47,7 @@ from hwspec import pci as P
 
 from device_model.ports import Tracer
 
-from ..eventfd import EventfdWaitQueues
+from ..eventfd import EventfdWaitQueues, is_eventfd
 from ..iommu import PAGE_SIZE
 from . import uapi
 from .container import _check_argsz, _check_index, _expect, vfio_error
@@ -606,11 +606,7 @@ def _chunks(offset: int, length: int) -> list[tuple[int, int]]:
 
 def _is_eventfd(fd: int) -> bool:
     """Whether `fd` is an open eventfd (what eventfd_ctx_fdget checks)."""
-    try:
-        with open(f"/proc/self/fdinfo/{fd}") as f:
-            return "eventfd-count" in f.read()
-    except OSError:
-        return False
+    return is_eventfd(fd) is True
 
 
 class HostMsi(Protocol):

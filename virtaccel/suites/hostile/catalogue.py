@@ -3,18 +3,18 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from . import accel, packed, ring, registers, vfio_user
+from . import accel, packed, ring, registers, vdpa_user, vfio_user
 from .core import Scenario
 
-CATEGORIES = ("split ring", "packed ring", "status state machine", "virtio-mmio registers", "virtio-pci",
-              "admin virtqueue", "vfio uAPI", "accelerator")
+CATEGORIES = ("split ring", "packed ring", "status state machine", "virtio-mmio registers",
+              "virtio-pci", "admin virtqueue", "vfio uAPI", "vDPA", "accelerator")
 
 
 def catalogue() -> list[Scenario]:
     """Every scenario (names unique), grouped by category in CATEGORIES order."""
-    scs = (ring.catalogue() + packed.catalogue() + registers.status_catalogue() + registers.mmio_catalogue()
-           + registers.pci_catalogue() + registers.admin_catalogue() + vfio_user.catalogue()
-           + accel.catalogue())
+    scs = (ring.catalogue() + packed.catalogue() + registers.status_catalogue()
+           + registers.mmio_catalogue() + registers.pci_catalogue() + registers.admin_catalogue() + vfio_user.catalogue()
+           + vdpa_user.catalogue() + accel.catalogue())
     names = [s.name for s in scs]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:

@@ -10,8 +10,8 @@ if TYPE_CHECKING:
     from ...session import Session
     from .raw import Bump, RawVa1
 
-ATTACHMENTS = ("mmio", "pci", "vfio", "sriov")
-PCI_LIKE = frozenset({"pci", "vfio", "sriov"})
+ATTACHMENTS = ("mmio", "pci", "vfio", "sriov", "vdpa")
+PCI_LIKE = frozenset({"pci", "vfio", "sriov", "vdpa"})   # vdpa: its virtio-pci frontend
 ALL = frozenset(ATTACHMENTS)
 
 

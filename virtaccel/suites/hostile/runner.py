@@ -72,8 +72,16 @@ def _sources(session: Session) -> tuple[tuple[str, ...], int | None, int | None]
         tracer = getattr(hf.device, "tracer", None)
         srcs.append(getattr(tracer, "source", None) or f"host.{format_bdf(rid)}")
         srcs.append(p.endpoint.trace.source)
+    for v in att.vdpa:
+        hf = v.backend.vhost.parent.hf
+        rid = hf.requester_id
+        tracer = getattr(hf.device, "tracer", None)
+        srcs.append(getattr(tracer, "source", None) or f"host.{format_bdf(rid)}")
+        srcs.append(getattr(v.frontend.tracer, "source", ""))
     for p in vic.passthrough:
         vrid = p.host_function.requester_id
+    for v in vic.vdpa:
+        vrid = v.backend.vhost.parent.hf.requester_id
     return tuple(srcs), rid, vrid
 
 
