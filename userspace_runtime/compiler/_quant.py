@@ -8,12 +8,13 @@ at that operand, sw from the weights. Other ops stay f32.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from ._ir import Graph, GraphError, Node
-from ._passes import _run
+from ._passes import _run, reference_run
 
 _QMAX = 127.0
 
@@ -81,3 +82,36 @@ def quantize_int8(g: Graph, calibration: Sequence[Mapping[str, Any]]) -> int:
         count += 1
     g.nodes = new_nodes
     return count
+
+
+@dataclass(frozen=True)
+class QuantError:
+    """How far an int8 graph's output is from the f32 graph's, over some feeds:
+    cosine similarity of the flattened outputs (1.0 = same direction) and the largest
+    absolute difference relative to the f32 output's peak |value|."""
+
+    output: str
+    cosine: float
+    max_rel_err: float
+
+
+def quantization_error(f32: Graph, int8: Graph, feeds: Sequence[Mapping[str, Any]]
+                       ) -> list[QuantError]:
+    """Both graphs evaluated in numpy (the device's arithmetic: int8 products summed
+    exactly in int32) on `feeds`, compared output by output."""
+    ref: dict[str, list[np.ndarray]] = {}
+    got: dict[str, list[np.ndarray]] = {}
+    for f in feeds:
+        for name, a in reference_run(f32, f).items():
+            ref.setdefault(name, []).append(np.asarray(a, np.float64).ravel())
+        for name, a in reference_run(int8, f).items():
+            got.setdefault(name, []).append(np.asarray(a, np.float64).ravel())
+    out = []
+    for name in ref:
+        r, q = np.concatenate(ref[name]), np.concatenate(got[name])
+        norm = float(np.linalg.norm(r) * np.linalg.norm(q))
+        cos = float(np.dot(r, q) / norm) if norm > 0 else float(np.array_equal(r, q))
+        peak = float(np.max(np.abs(r))) if r.size else 0.0
+        diff = float(np.max(np.abs(q - r))) if r.size else 0.0
+        out.append(QuantError(name, cos, diff / peak if peak > 0 else diff))
+    return out
