@@ -367,9 +367,9 @@ def conv2d(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, y: np.ndarray,
         rows = (budget - w_conv - x_conv - k * 4) // per_row
         if rows >= 1:
             wt = (w.astype(_F32) if w_conv else w).reshape(g, k // g, cg, r, s)
-            b32 = None if bias is None else bias.astype(_F32).reshape(g, k // g, 1)
+            bg = None if bias is None else bias.astype(_F32).reshape(g, k // g, 1)
             for i in range(n):
-                _conv2d_grouped_image(x[i], wt, b32, y[i], rows, bool(x_conv), stride=stride,
+                _conv2d_grouped_image(x[i], wt, bg, y[i], rows, bool(x_conv), stride=stride,
                                       dilation=dilation, pads=pads, activation=activation)
             return
     per_row = ow * (c * r * s * 4 + k * (8 + _ACT_BYTES[activation]))
