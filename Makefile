@@ -30,7 +30,9 @@ campaign: $(STAMP)
 		$(PY) -m pytest -q tests/virtaccel/test_hostile_browser.py; \
 	else echo "campaign: no chromium here, the HTML report's browser check is skipped"; fi
 
+# Row (h) compares with onnxruntime: the `bench` extra, installed here only.
 bench: $(STAMP)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[bench]'
 	$(VENV)/bin/virtaccel bench --json bench.json
 
 clean:

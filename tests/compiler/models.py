@@ -80,3 +80,38 @@ def encoder_block(seed: int = 0, seq: int = 8, d: int = 16, heads: int = 2,
     y = g.layernorm(g.add(x1, f), g.constant(np.ones(d, F32)), g.constant(np.zeros(d, F32)))
     g.output(y, names=["y"])
     return g
+
+
+def resnet_stage(seed: int = 0, hw: int = 56, c: int = 64, classes: int = 10,
+                 stem: bool = True) -> Graph:
+    """ResNet-18-shaped convolutions (no pooling ops): [a 7x7 stride-2 stem from 3
+    channels] -> a basic block at c x hw x hw (two 3x3 convs + batchnorm, residual
+    add, relu) -> a downsampling block (3x3 stride 2 to 2c, 1x1 stride-2 shortcut) ->
+    global mean -> gemm."""
+    rng = np.random.default_rng(seed)
+    g = Graph("resnet_stage")
+
+    def conv_bn(x: Value, cin: int, cout: int, k: int, stride: int, relu: bool) -> Value:
+        p = k // 2
+        w = (rng.standard_normal((cout, cin, k, k)) * np.sqrt(2.0 / (cin * k * k))).astype(F32)
+        y = g.conv2d(x, g.constant(w), stride=(stride, stride), padding=(p, p, p, p))
+        y = g.batchnorm(y, g.constant((1 + 0.1 * rng.standard_normal(cout)).astype(F32)),
+                        g.constant((0.1 * rng.standard_normal(cout)).astype(F32)),
+                        g.constant((0.1 * rng.standard_normal(cout)).astype(F32)),
+                        g.constant((1 + 0.2 * rng.random(cout)).astype(F32)))
+        return g.relu(y) if relu else y
+
+    if stem:
+        x0 = g.input("image", (1, 3, 2 * hw, 2 * hw))
+        x = conv_bn(x0, 3, c, 7, 2, True)
+    else:
+        x = g.input("image", (1, c, hw, hw))
+    y = conv_bn(conv_bn(x, c, c, 3, 1, True), c, c, 3, 1, False)
+    x = g.relu(g.add(y, x))
+    y = conv_bn(conv_bn(x, c, 2 * c, 3, 2, True), 2 * c, 2 * c, 3, 1, False)
+    x = g.relu(g.add(y, conv_bn(x, c, 2 * c, 1, 2, False)))
+    x = g.reshape(g.reduce(x, "mean", (2, 3), keepdims=False), (1, 2 * c))
+    g.output(g.gemm(x, g.constant(_w(rng, 2 * c, classes)), g.constant(_w(rng, classes,
+                                                                            scale=0.1))),
+             names=["logits"])
+    return g

@@ -12,6 +12,7 @@ from hwspec import va1
 from .. import codeobject as co
 from ._ir import Graph, GraphError, Node, Value
 from ._lower import lower
+from ._quant import QuantError
 from ._passes import (
     eliminate_dead_code,
     fold_batchnorm,
@@ -48,6 +49,8 @@ class CompileResult:
     const_bytes: int = 0
     commands: int = 0
     disassembly: str = ""
+    # int8 PTQ: each output's error against the f32 graph on the calibration feeds
+    quantization: list[QuantError] = field(default_factory=list)
 
     def write(self, path: str) -> None:
         with open(path, "wb") as f:
@@ -160,6 +163,7 @@ def compile_graph(graph: Graph, target: Target | None = None,
         raise GraphError(f"graph {graph.name}: no outputs")
     g = graph.clone()
     report: dict[str, int] = {}
+    quant_error: list[QuantError] = []
     infer_shapes(g)
     _check_fits(g, target)
     if opts.fold_constants:
@@ -173,8 +177,9 @@ def compile_graph(graph: Graph, target: Target | None = None,
     if opts.fuse:
         report["fuse_epilogues"] = fuse_epilogues(g, opts.fuse_activations)
     if opts.calibration is not None:
-        from ._quant import quantize_int8
+        from ._quant import quantization_error, quantize_int8
         report["quantize_int8"] = quantize_int8(g, opts.calibration)
+        quant_error = quantization_error(graph, g, opts.calibration)  # the caller's f32 graph
     report["canonicalize"] = canonicalize(g)
     report["dce2"] = eliminate_dead_code(g)
     infer_shapes(g)
@@ -220,7 +225,7 @@ def compile_graph(graph: Graph, target: Target | None = None,
     data = co.write(obj)
     from ..commands import disassemble
     return CompileResult(data, g, report, low.workspace_size, len(low.const),
-                         len(low.names), disassemble(low.text, names=low.names))
+                         len(low.names), disassemble(low.text, names=low.names), quant_error)
 
 
 def feature_bits(features: Sequence[str]) -> int:

@@ -808,9 +808,12 @@ class Lowerer:
 
 
     def _conv2d_int8(self, n: Node) -> None:
-        """int8 conv2d (CONV2D computes floats only): per image, im2col with strided
-        COPYs into the temp, the int32 bias broadcast into y by a stride-0 COPY, then
-        one int8 GEMM  y[n] (K x OH*OW) = W (K x C*R*S) @ cols + y[n]  (+ relu)."""
+        """int8 conv2d (CONV2D computes floats only): im2col by strided COPY into the
+        temp, then int8 GEMMs  y (K x P) = W (K x C*R*S) @ cols + bias  (+ relu), int32
+        bias broadcast into the output first (beta = 1). When one image's columns do not
+        fit the scratchpad, the output pixels go in blocks (whole output rows, or pieces
+        of one row) whose columns and int32 result live in the temp, each block's result
+        copied into y by a strided COPY: no GEMM then needs column tiling."""
         x, w = n.inputs[0], n.inputs[1]
         bias = n.inputs[2] if len(n.inputs) > 2 else None
         assert x is not None and w is not None
@@ -826,9 +829,9 @@ class Lowerer:
         sh, sw = at["stride"]
         dh, dw = at["dilation"]
         tmp = self.plan.temps[id(n)]
-        pad_bytes, _ = _conv_int8_temp(n)
+        lay = _conv_int8_layout(n, self.target)
         src, Hp, Wp = self.ref(x), H, W
-        if pad_bytes:
+        if lay.pad_bytes:
             Hp, Wp = H + pt + pb, W + pl + pr
             self.em.cmd(Opcode.FILL, {"dst": tmp, "size": _align(N * C * Hp * Wp, 4)},
                         name=f"{n.name}: zero padded input")
@@ -836,20 +839,32 @@ class Lowerer:
                       contiguous_strides((N, C, H, W)), (C * Hp * Wp, Hp * Wp, Wp, 1),
                       f"{n.name}: pad input")
             src = tmp
-        cols = tmp.at(pad_bytes)
+        cols = tmp.at(lay.pad_bytes)
         act = _ACT[at.get("activation")]
+        red = C * R * S
         for i in range(N):
-            self.copy(DType.I8, src.at(i * C * Hp * Wp), cols, (C, R, S, OH, OW),
-                      (Hp * Wp, dh * Wp, dw, sh * Wp, sw), contiguous_strides((C, R, S, OH, OW)),
-                      f"{n.name}: im2col image {i}")
+            img = src.at(i * C * Hp * Wp)
             yi = self.ref(y).at(i * K * P * 4)
-            beta = 0.0
-            if bias is not None:
-                self.copy(DType.I32, self.ref(bias), yi, (K, P), (1, 0), (P, 1),
-                          f"{n.name}: bias into y image {i}")
-                beta = 1.0
-            self.gemm_tiles(f"{n.name}[{i}]", DType.I8, K, P, C * R * S, self.ref(w), cols,
-                            yi, None, 1.0, beta, False, False, act, 4, None)
+            for r0, c0, nr, nc in lay.blocks:
+                nb = nr * nc
+                whole = nb == P
+                self.copy(DType.I8, img.at(r0 * sh * Wp + c0 * sw), cols, (C, R, S, nr, nc),
+                          (Hp * Wp, dh * Wp, dw, sh * Wp, sw),
+                          contiguous_strides((C, R, S, nr, nc)),
+                          f"{n.name}: im2col image {i}" + ("" if whole else
+                                                           f" rows {r0}+{nr} cols {c0}+{nc}"))
+                out = yi if whole else cols.at(lay.cols_bytes)
+                beta = 0.0
+                if bias is not None:
+                    self.copy(DType.I32, self.ref(bias), out, (K, nb), (1, 0), (nb, 1),
+                              f"{n.name}: bias into y image {i}")
+                    beta = 1.0
+                self.gemm_tiles(f"{n.name}[{i}]" if whole else f"{n.name}[{i}] r{r0}c{c0}",
+                                DType.I8, K, nb, red, self.ref(w), cols, out, None, 1.0, beta,
+                                False, False, act, 4, None)
+                if not whole:
+                    self.copy(DType.I32, out, yi.at((r0 * OW + c0) * 4), (K, nr, nc),
+                              (nb, nc, 1), (P, OW, 1), f"{n.name}: block into y image {i}")
 
 
 def gemm_tile_sizes(m: int, n: int, k: int, es: int, oes: int, bias: bool,
@@ -883,15 +898,47 @@ def gemm_temp_bytes(m: int, n: int, k: int, es: int, oes: int, trans_a: bool,
     return need
 
 
-def _conv_int8_temp(n: Node) -> tuple[int, int]:
-    """(padded input bytes or 0, im2col bytes per image) of an int8 conv2d."""
+@dataclass(frozen=True)
+class _ConvInt8Layout:
+    """An int8 conv2d's temp: [padded input][im2col block][int32 result block], and the
+    output-pixel blocks (first row, first column, rows, columns) it goes through."""
+
+    pad_bytes: int
+    cols_bytes: int
+    out_bytes: int
+    blocks: tuple[tuple[int, int, int, int], ...]
+
+    @property
+    def total(self) -> int:
+        return self.pad_bytes + self.cols_bytes + self.out_bytes
+
+
+def _conv_int8_layout(n: Node, target: Target) -> _ConvInt8Layout:
+    """Pixel blocks such that a block's GEMM (one row of W, the block's columns, one
+    row of int32 results) fits the scratchpad; the whole image when it fits."""
     x, w, y = n.inputs[0], n.inputs[1], n.outputs[0]
     assert x is not None and w is not None
     N, C, H, W = x.shape
-    R, S = w.shape[2:]
+    K, _, R, S = w.shape
+    OH, OW = y.shape[2:]
     pt, pl, pb, pr = n.attrs["padding"]
     padded = 0 if not any(n.attrs["padding"]) else N * C * (H + pt + pb) * (W + pl + pr)
-    return _align(padded + 4) if padded else 0, _align(C * R * S * y.shape[2] * y.shape[3])
+    pad_bytes = _align(padded + 4) if padded else 0
+    red = C * R * S
+    sp = target.scratchpad_size
+    per = max(1, (sp - red) // (red + 4))   # pixels whose B columns + C row fit with a row of A
+    if per >= OH * OW:
+        return _ConvInt8Layout(pad_bytes, _align(red * OH * OW), 0, ((0, 0, OH, OW),))
+    blocks: list[tuple[int, int, int, int]] = []
+    if per >= OW:
+        rows = per // OW
+        blocks = [(r0, 0, min(rows, OH - r0), OW) for r0 in range(0, OH, rows)]
+        nb = rows * OW
+    else:
+        blocks = [(r0, c0, 1, min(per, OW - c0)) for r0 in range(OH)
+                  for c0 in range(0, OW, per)]
+        nb = per
+    return _ConvInt8Layout(pad_bytes, _align(red * nb), _align(K * nb * 4), tuple(blocks))
 
 
 def _suffix_broadcast(b: tuple[int, ...], out: tuple[int, ...]) -> bool:
@@ -934,7 +981,7 @@ def temp_bytes(n: Node, target: Target) -> int:  # noqa: C901
             need = max(need, gemm_temp_bytes(batch * m, nn, k, es, oes, ta, tb, sp))
         return need
     if n.op == "conv2d" and n.inputs[0] is not None and n.inputs[0].dtype == "int8":
-        return sum(_conv_int8_temp(n))
+        return _conv_int8_layout(n, target).total
     if n.op == "conv2d":
         x, w = n.inputs[0], n.inputs[1]
         assert x is not None and w is not None

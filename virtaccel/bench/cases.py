@@ -1,4 +1,4 @@
-"""The benchmark cases (a)-(f). Each measures its value and its baseline in the same
+"""The benchmark cases (a)-(h). Each measures its value and its baseline in the same
 run, interleaving repetitions so that machine noise hits both alike, and returns a Row.
 
 Sizes are parameters so that tests can run a tiny smoke of the real code paths; the
@@ -55,6 +55,9 @@ class Sizes:
     vm_ram: int = 16 * _MIB
     vm_device_memory: int = 4 * _MIB
     startup_reps: int = 9
+    resnet_hw: int = 224
+    resnet_width: int = 64
+    resnet_reps: int = 5
 
     @classmethod
     def full(cls) -> "Sizes":
@@ -66,7 +69,8 @@ class Sizes:
         return cls(gemm_n=32, gemm_reps=2, mlp_batch=4, mlp_sizes=(16, 32, 8), mlp_reps=2,
                    dma_bytes=64 << 10, dma_reps=2, null_reps=3, ring_loops=2,
                    ring_loop_len=10, nop_per_buffer=16, nop_buffers=2, nop_reps=2,
-                   ring_batch=16, vms_small=1, vms_large=2, vm_reps=1, startup_reps=2)
+                   ring_batch=16, vms_small=1, vms_large=2, vm_reps=1, startup_reps=2,
+                   resnet_hw=32, resnet_width=8, resnet_reps=1)
 
 
 def run_in_vm(program: Callable[[GuestOS], Any], *, attach: str = "mmio",
@@ -497,7 +501,96 @@ def cli_startup(sz: Sizes, profiles: ProfileSet | None = None) -> Row:
                     f"subprocess, median of {sz.startup_reps}", sz.startup_reps)
 
 
+# --- (h) ResNet-18 against onnxruntime ---------------------------------------------------
+
+RESNET_TARGET = 3.0
+
+
+def _ort_session(model_bytes: bytes) -> Any:
+    """onnxruntime on one thread (the `bench` extra), or None when it is not installed."""
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return None
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    return ort.InferenceSession(model_bytes, so, providers=["CPUExecutionProvider"])
+
+
+def resnet18(sz: Sizes, profiles: ProfileSet | None = None) -> Row:
+    """(h) ResNet-18 (random weights, batch 1) through the whole stack: ONNX compiled
+    once, the code object loaded once in a VM, then per inference upload the image,
+    launch, download, synchronize; vs onnxruntime single-threaded on the same input, in
+    the same run. A model the compiler does not take yet is a row that says so."""
+    from .resnet import resnet18_onnx
+    hw, width = sz.resnet_hw, sz.resnet_width
+    name = f"h_resnet18_{hw}_vs_onnxruntime"
+    what = f"ResNet-18 batch 1, {hw}x{hw}" + ("" if width == 64 else f", width {width}")
+    try:
+        import onnx  # noqa: F401
+    except ImportError:
+        return missing_row(name, RESNET_TARGET, "<=", "s", f"{what}: the onnx extra is not "
+                                                           "installed")
+    model = resnet18_onnx(hw=hw, width=width).SerializeToString()
+    sess = _ort_session(model)
+    if sess is None:
+        return missing_row(name, RESNET_TARGET, "<=", "s",
+                           f"{what}: onnxruntime is not installed (pip install "
+                           "'virtaccel[bench]'; make bench installs it)")
+    from userspace_runtime.compiler import GraphError
+    from userspace_runtime.onnx_import import compile_onnx
+    try:
+        code = compile_onnx(model).code_object
+    except GraphError as e:
+        first = str(e).splitlines()[0].split(" (supported:")[0]
+        return missing_row(name, RESNET_TARGET, "<=", "s",
+                           f"{what}: does not compile yet: {first}")
+    x = np.random.default_rng(0).standard_normal((1, 3, hw, hw)).astype(np.float32)
+    ref = sess.run(["logits"], {"input": x})[0]
+    from userspace_runtime.module import Module
+    module = Module.from_bytes(code)
+
+    def program(os_: GuestOS) -> tuple[list[float], list[float], np.ndarray]:
+        rt = _runtime()
+        ours: list[float] = []
+        base: list[float] = []
+        with rt.Device(os_) as dev:
+            ctx = dev.create_context()
+            stream = ctx.create_stream()
+            fn = module.load(ctx, stream).function("main")
+            out = fn(stream, {"input": x})["logits"]   # warm-up
+            sess.run(["logits"], {"input": x})
+            for _ in range(sz.resnet_reps):
+                t0 = _pc()
+                out = fn(stream, {"input": x})["logits"]
+                ours.append(_pc() - t0)
+                t0 = _pc()
+                sess.run(["logits"], {"input": x})
+                base.append(_pc() - t0)
+            if profiles is not None:
+                with profiles.section():
+                    for _ in range(min(PROFILE_REPS, 3)):
+                        profiles.mark("begin")
+                        fn(stream, {"input": x})
+                        profiles.mark("end")
+            ctx.destroy()
+        return ours, base, out
+
+    ours, base, out = run_in_vm(program, memory=512 * _MIB, profiles=profiles,
+                                config=Va1Config(device_memory_size=256 * _MIB))
+    err = float(np.max(np.abs(out - ref)) / max(float(np.max(np.abs(ref))), 1e-30))
+    if not err <= 1e-4:
+        raise AssertionError(f"bench resnet18: device logits differ from onnxruntime's "
+                             f"(max rel err {err:.3g})")
+    return cost_row(name, best(ours), best(base), RESNET_TARGET, "s",
+                    f"{what}, random weights: upload + launch + download + sync of the "
+                    f"compiled model in a VM vs onnxruntime (1 thread) on the same input; "
+                    f"max rel err {err:.1e}; best of {sz.resnet_reps}", sz.resnet_reps)
+
+
 CASES: dict[str, Callable[[Sizes, ProfileSet | None], Row | list[Row]]] = {
     "a": gemm, "b": mlp, "c": dma, "d": null_round_trip, "e": nop_rate, "f": vm_scaling,
-    "g": cli_startup,
+    "g": cli_startup, "h": resnet18,
 }

@@ -112,6 +112,12 @@ def build_parser() -> argparse.ArgumentParser:
                    default=None, metavar="BYTES",
                    help="tile for this scratchpad size in bytes, 64 .. 2**32-1 "
                         "(default: the datasheet's)")
+    p.add_argument("--int8", action="store_true",
+                   help="quantize GEMMs and convolutions to int8 (needs --calibrate); the "
+                        "summary gives the error against f32")
+    p.add_argument("--calibrate", default=None, metavar="IN.npz",
+                   help=".npz with one array per graph input: its shape (one feed) or "
+                        "[N, *shape] (N feeds)")
     _json(p, "the summary")
 
     p = _verb(sub, "run", ".run:cli", "run a code object (.vaelf) or an ONNX model in a VM")

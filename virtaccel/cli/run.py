@@ -41,18 +41,18 @@ def read_code(path: str) -> bytes:
     return code
 
 
-def read_inputs(path: str) -> dict[str, "np.ndarray"]:
+def read_inputs(path: str, flag: str = "--inputs") -> dict[str, "np.ndarray"]:
     """The arrays of an .npz by name; a .npy, a pickle or a broken archive is a CliError
-    that says what an .npz is."""
+    (naming `flag`) that says what an .npz is."""
     import numpy as np
-    what = f"--inputs {path}"
+    what = f"{flag} {path}"
     try:
         with open(path, "rb") as f:
             head = f.read(len(NPY_MAGIC))
     except OSError as e:
         raise CliError(f"{what}: {e.strerror or e}") from None
     if head.startswith(NPY_MAGIC):
-        raise CliError(f"{what}: a .npy file (one unnamed array); --inputs takes an .npz "
+        raise CliError(f"{what}: a .npy file (one unnamed array); {flag} takes an .npz "
                        "with one array per graph input (np.savez(path, x=...))")
     if not head.startswith(ZIP_MAGIC):
         raise CliError(f"{what}: not a valid .npz (an .npz is a zip archive of .npy arrays, "

@@ -393,6 +393,18 @@ def conv2d(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, y: np.ndarray,
     padded = bool(pt or pl or pb or pr)
     w_conv = 0 if (w.dtype == _F32 and w.flags.aligned) else w.size * 4
     x_conv = c * (h + pt + pb) * (wd + pl + pr) * 4 if (padded or x.dtype != _F32) else 0
+    if g > 1:
+        # Grouped / depthwise: tap by tap, no im2col (whose columns are r*s times the
+        # image): per block, one shifted input view (c x pixels) and the accumulator.
+        per_row = ow * (c * 4 + k * (8 + _ACT_BYTES[activation]))
+        rows = (budget - w_conv - x_conv - k * 4) // per_row
+        if rows >= 1:
+            wt = (w.astype(_F32) if w_conv else w).reshape(g, k // g, cg, r, s)
+            bg = None if bias is None else bias.astype(_F32).reshape(g, k // g, 1)
+            for i in range(n):
+                _conv2d_grouped_image(x[i], wt, bg, y[i], rows, bool(x_conv), stride=stride,
+                                      dilation=dilation, pads=pads, activation=activation)
+            return
     per_row = ow * (c * r * s * 4 + k * (8 + _ACT_BYTES[activation]))
     rows = (budget - w_conv - x_conv - k * 4) // per_row
     if rows < 1:
@@ -431,6 +443,45 @@ def _conv2d_image(x: np.ndarray, wg: np.ndarray, b32: np.ndarray | None, y: np.n
                           writeable=False)
         _conv2d_block(wg, cols.reshape(g, red, nr * ow), b32, y[:, r0:r0 + nr, :],
                       activation)
+
+
+def _conv2d_grouped_image(x: np.ndarray, wt: np.ndarray, b32: np.ndarray | None,
+                          y: np.ndarray, rows: int, pad: bool, *, stride: tuple[int, int],
+                          dilation: tuple[int, int], pads: tuple[int, int, int, int],
+                          activation: int) -> None:
+    """One image [c, h, w] into y [k, oh, ow] for groups > 1, `rows` output rows at a
+    time: acc[g, o, p] += sum_ci wt[g, o, ci, kr, ks] * x[g*cg + ci, p shifted by the tap]
+    over the r*s taps (a broadcast multiply when each group has one input channel, a
+    batched matmul over the groups otherwise)."""
+    c, h, wd = x.shape
+    k, oh, ow = y.shape
+    g, kg, cg, r, s = wt.shape
+    pt, pl, pb, pr = pads
+    sh, sw = stride
+    dh, dw = dilation
+    if pad:
+        xp = np.zeros((c, h + pt + pb, wd + pl + pr), _F32)
+        xp[:, pt:pt + h, pl:pl + wd] = x
+        x = xp
+    for r0 in _chunks(oh, rows):
+        nr = min(rows, oh - r0)
+        acc = np.zeros((g, kg, nr * ow), _F32)
+        for i in range(r):
+            top = r0 * sh + i * dh
+            for j in range(s):
+                view = x[:, top:top + (nr - 1) * sh + 1:sh, j * dw:j * dw + (ow - 1) * sw + 1:sw]
+                tap = view.astype(_F32).reshape(g, cg, nr * ow)
+                if cg == 1 and kg == 1:      # depthwise: scale the tap in place
+                    tap *= wt[:, :, 0, i, j][:, :, None]
+                    acc += tap
+                elif cg == 1:
+                    acc += wt[:, :, 0, i, j][:, :, None] * tap
+                else:
+                    acc += np.matmul(wt[:, :, :, i, j], tap)
+        if b32 is not None:
+            acc += b32
+        np.copyto(y[:, r0:r0 + nr, :], apply_activation(acc.reshape(k, nr * ow), activation)
+                  .reshape(k, nr, ow), casting="unsafe")
 
 
 def _conv2d_block(wg: np.ndarray, cols: np.ndarray, b32: np.ndarray | None, y: np.ndarray,
