@@ -24,6 +24,7 @@ class Opcode(IntEnum):
     GATHER = 0x09        # rows of a table by I32 indices (embedding lookup)
     GEMM = 0x10
     ELEMENTWISE = 0x11
+    GEMM_BATCHED = 0x13  # strided batched GEMM (attention), leading dimensions per operand
     CONV2D = 0x18
     SOFTMAX = 0x19
     LAYERNORM = 0x1A
@@ -105,6 +106,9 @@ GEMM_TRANS_B = 1 << 1
 GEMM_BIAS = 1 << 2
 GEMM_FLAGS_ALL = GEMM_TRANS_A | GEMM_TRANS_B | GEMM_BIAS
 
+# GEMM_BATCHED takes the GEMM flags and at most this many batches per command.
+GEMM_BATCHED_MAX_BATCH = 65535
+
 # ELEMENTWISE header flags.
 ELT_BROADCAST_B = 1 << 0   # b is a [cols] vector repeated over count / cols rows
 ELT_FLAGS_ALL = ELT_BROADCAST_B
@@ -154,6 +158,13 @@ PAYLOAD: dict[Opcode, Layout] = {
         ("dtype", "B"), ("activation", "B"), ("reserved", "H"),
         ("m", "I"), ("n", "I"), ("k", "I"),
         ("a", "Q"), ("b", "Q"), ("c", "Q"), ("bias", "Q"),
+        ("alpha", "f"), ("beta", "f"))),
+    Opcode.GEMM_BATCHED: Layout("va1_gemm_batched", (
+        ("dtype", "B"), ("activation", "B"), ("reserved", "H"), ("batch", "I"),
+        ("m", "I"), ("n", "I"), ("k", "I"), ("reserved2", "I"),
+        ("a", "Q"), ("b", "Q"), ("c", "Q"), ("bias", "Q"),
+        ("lda", "Q"), ("ldb", "Q"), ("ldc", "Q"),
+        ("stride_a", "Q"), ("stride_b", "Q"), ("stride_c", "Q"),
         ("alpha", "f"), ("beta", "f"))),
     Opcode.ELEMENTWISE: Layout("va1_elementwise", (
         ("op", "B"), ("dtype", "B"), ("reserved", "H"), ("cols", "I"),

@@ -1,4 +1,4 @@
-"""VA-1 op kernels: GEMM (float and int8), ELEMENTWISE, CONV2D (im2col + matmul),
+"""VA-1 op kernels: GEMM (float and int8, batched), ELEMENTWISE, CONV2D (im2col + matmul),
 SOFTMAX, LAYERNORM, REDUCE, QUANTIZE, DEQUANTIZE, strided COPY and the D2D move.
 
 Inputs are zero-copy views of device memory. Every kernel takes `budget`: the host bytes
@@ -148,6 +148,21 @@ def _gemm_i8_tile(a: np.ndarray, b: np.ndarray, c: np.ndarray, bias: np.ndarray 
     if relu:
         np.maximum(t32, 0, out=t32)
     np.copyto(c, t32)
+
+
+def gemm_batched(a: np.ndarray, b: np.ndarray, c: np.ndarray, bias: np.ndarray | None, *,
+                 alpha: float, beta: float, activation: int, budget: int) -> None:
+    """GEMM_BATCHED: a [batch, m, k], b [batch, k, n], c [batch, m, n] (strided views);
+    each batch is exactly one GEMM (the same kernels, tiles and bits), one after the
+    other, each within the whole budget (batch is at most 65535: spec)."""
+    i8 = a.dtype == np.int8
+    for i in range(a.shape[0]):
+        if i8:
+            gemm_i8(a[i], b[i], c[i], bias, accumulate=beta == 1.0,
+                    relu=activation == Activation.RELU, budget=budget)
+        else:
+            gemm(a[i], b[i], c[i], bias, alpha=alpha, beta=beta, activation=activation,
+                 budget=budget)
 
 
 # --- pointwise ---------------------------------------------------------------------------
