@@ -430,7 +430,7 @@ def _resolve_gemm(ck: _Checker, flags: int, p: tuple) -> Command:  # type: ignor
                    run=run)
 
 
-def _strided(ck: _Checker, addr: int, npdt: np.dtype,  # type: ignore[type-arg]
+def _strided(ck: _Checker, addr: int, npdt: np.dtype,
              shape: tuple[int, int, int], strides: tuple[int, int, int], what: str
              ) -> tuple[np.ndarray, int]:
     """A [batch, rows, cols] view with element strides (extent-1 dimensions ignore
