@@ -21,6 +21,7 @@ from ._passes import (
     infer_shapes,
 )
 from ._target import Target
+from ._views import fold_matmul_views
 
 
 @dataclass
@@ -32,6 +33,9 @@ class CompileOptions:
     fold_batchnorm: bool = True
     fuse: bool = True
     fuse_activations: frozenset[str] = frozenset({"relu", "gelu", "sigmoid", "silu"})
+    # batched matmuls as GEMM_BATCHED reading transposed / reshaped / scaled operands
+    # in place (False: one GEMM per batch on materialized operands)
+    fold_views: bool = True
     # int8 post-training quantization: calibration feeds ({input name: array} each);
     # None keeps the graph in float.
     calibration: Sequence[Mapping[str, Any]] | None = None
@@ -175,6 +179,8 @@ def compile_graph(graph: Graph, target: Target | None = None,
     if opts.calibration is not None:
         from ._quant import quantize_int8
         report["quantize_int8"] = quantize_int8(g, opts.calibration)
+    if opts.fold_views:
+        report["fold_matmul_views"] = fold_matmul_views(g)
     report["canonicalize"] = canonicalize(g)
     report["dce2"] = eliminate_dead_code(g)
     infer_shapes(g)

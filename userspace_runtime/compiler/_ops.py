@@ -158,6 +158,61 @@ def _matmul_ref(node: Node, x: list[Any]) -> list[np.ndarray]:
 _register("matmul", _matmul_infer, _matmul_ref)
 
 
+# bmm: a batched matmul whose operands are strided views of other values (what the
+# view-folding pass makes of MatMul(Transpose / Reshape / scalar Mul of x, ...)):
+# attrs a_view / b_view = (shape, element strides) into the row-major data of inputs 0 /
+# 1, and alpha. out = alpha * matmul(view_a, view_b), numpy broadcasting of batch dims.
+
+def _view_ok(v: Any, view: Any, what: str) -> tuple[Shape, Shape]:
+    try:
+        shape, strides = (tuple(int(d) for d in view[0]), tuple(int(s) for s in view[1]))
+    except (TypeError, ValueError, IndexError):
+        raise _err(f"{what} must be (shape, strides), got {view!r}") from None
+    if len(shape) != len(strides) or len(shape) < 2 or min(shape) < 1 or min(strides) < 0:
+        raise _err(f"{what} {view!r}: rank >= 2, dims >= 1, strides >= 0")
+    if sum((d - 1) * st for d, st in zip(shape, strides)) >= v.size:
+        raise _err(f"{what} {view!r} reaches past {v.name} ({v.size} elements)")
+    return shape, strides
+
+
+def _bmm_infer(node: Node) -> list[tuple[Shape, str]]:
+    a, b = _req(node, 0, "a"), _req(node, 1, "b")
+    dt = _same_dtype(node)
+    sa, _ = _view_ok(a, node.attrs.get("a_view"), "a_view")
+    sb, _ = _view_ok(b, node.attrs.get("b_view"), "b_view")
+    if sa[-1] != sb[-2]:
+        raise _err(f"inner dimensions differ: a view is {list(sa)}, b view is {list(sb)}")
+    try:
+        batch = np.broadcast_shapes(sa[:-2], sb[:-2])
+    except ValueError:
+        raise _err(f"batch dims of {list(sa)} and {list(sb)} do not broadcast") from None
+    if dt == "int8" and node.attrs.get("alpha", 1.0) != 1.0:
+        raise _err("int8 bmm with alpha != 1")
+    out_dt = "int32" if dt == "int8" else dt
+    return [(tuple(int(d) for d in batch) + (sa[-2], sb[-1]), out_dt)]
+
+
+def view_of(x: np.ndarray, view: Any) -> np.ndarray:
+    """The strided view (shape, element strides) of x's row-major data."""
+    flat = np.ascontiguousarray(x).reshape(-1)
+    return np.lib.stride_tricks.as_strided(
+        flat, tuple(view[0]), tuple(s * flat.itemsize for s in view[1]), writeable=False)
+
+
+def _bmm_ref(node: Node, x: list[Any]) -> list[np.ndarray]:
+    a, b = view_of(x[0], node.attrs["a_view"]), view_of(x[1], node.attrs["b_view"])
+    if a.dtype == np.int8:
+        return [np.matmul(a.astype(np.int32), b.astype(np.int32))]
+    y = np.matmul(a, b)
+    alpha = node.attrs.get("alpha", 1.0)
+    if alpha != 1.0:
+        y = y * np.float32(alpha)
+    return [y.astype(a.dtype)]
+
+
+_register("bmm", _bmm_infer, _bmm_ref)
+
+
 def _gemm_infer(node: Node) -> list[tuple[Shape, str]]:
     a, b = _req(node, 0, "a"), _req(node, 1, "b")
     bias = node.inputs[2] if len(node.inputs) > 2 else None
