@@ -25,6 +25,8 @@ class Opcode(IntEnum):
     GEMM = 0x10
     ELEMENTWISE = 0x11
     GEMM_BATCHED = 0x13  # strided batched GEMM (attention), leading dimensions per operand
+    COMPARE = 0x14       # comparisons and logic -> an I8 mask of 0 / 1
+    SELECT = 0x15        # out = cond != 0 ? a : b (Where)
     CONV2D = 0x18
     SOFTMAX = 0x19
     LAYERNORM = 0x1A
@@ -88,6 +90,23 @@ UNARY_ELT_OPS = frozenset({EltOp.RELU, EltOp.GELU, EltOp.SIGMOID, EltOp.ERF, Elt
                            EltOp.ABS, EltOp.LOG})
 
 
+class CmpOp(IntEnum):
+    """COMPARE: out = 1 where the relation holds, else 0 (an I8 mask). The logic ops
+    take nonzero as true."""
+    EQUAL = 0
+    LESS = 1
+    GREATER = 2
+    LESS_EQUAL = 3
+    GREATER_EQUAL = 4
+    AND = 5
+    OR = 6
+    XOR = 7
+    NOT = 8       # unary: b is ignored
+
+
+UNARY_CMP_OPS = frozenset({CmpOp.NOT})
+
+
 class PoolOp(IntEnum):
     MAX = 0
     AVG = 1
@@ -112,6 +131,10 @@ GEMM_BATCHED_MAX_BATCH = 65535
 # ELEMENTWISE header flags.
 ELT_BROADCAST_B = 1 << 0   # b is a [cols] vector repeated over count / cols rows
 ELT_FLAGS_ALL = ELT_BROADCAST_B
+
+# COMPARE header flags: BROADCAST_B as ELEMENTWISE's (b a [cols] vector).
+CMP_BROADCAST_B = 1 << 0
+CMP_FLAGS_ALL = CMP_BROADCAST_B
 
 # CONV2D header flags.
 CONV_BIAS = 1 << 0
@@ -169,6 +192,12 @@ PAYLOAD: dict[Opcode, Layout] = {
     Opcode.ELEMENTWISE: Layout("va1_elementwise", (
         ("op", "B"), ("dtype", "B"), ("reserved", "H"), ("cols", "I"),
         ("count", "Q"), ("a", "Q"), ("b", "Q"), ("out", "Q"))),
+    Opcode.COMPARE: Layout("va1_compare", (
+        ("op", "B"), ("dtype", "B"), ("reserved", "H"), ("cols", "I"),
+        ("count", "Q"), ("a", "Q"), ("b", "Q"), ("out", "Q"))),
+    Opcode.SELECT: Layout("va1_select", (
+        ("dtype", "B"), ("reserved", "B"), ("reserved2", "H"), ("reserved3", "I"),
+        ("count", "Q"), ("cond", "Q"), ("a", "Q"), ("b", "Q"), ("out", "Q"))),
     Opcode.GATHER: Layout("va1_gather", (
         ("dtype", "B"), ("reserved", "B"), ("reserved2", "H"),
         ("rows", "I"), ("cols", "I"), ("count", "I"),

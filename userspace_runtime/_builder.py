@@ -1,5 +1,5 @@
 """Encoding, decoding and disassembly of VA-1 command buffers (ISA 1.0 and its
-additions: COPY, GATHER, GEMM_BATCHED, CONV2D, POOL2D, SOFTMAX, LAYERNORM, REDUCE, QUANTIZE,
+additions: COPY, GATHER, GEMM_BATCHED, COMPARE, SELECT, CONV2D, POOL2D, SOFTMAX, LAYERNORM, REDUCE, QUANTIZE,
 DEQUANTIZE, CALL).
 
 Every number comes from `hwspec.isa`: opcodes, header and payload layouts, flags and
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, SupportsIndex
 
 from hwspec import isa
-from hwspec.isa import Activation, DType, EltOp, Opcode, PoolOp, ReduceOp
+from hwspec.isa import Activation, CmpOp, DType, EltOp, Opcode, PoolOp, ReduceOp
 
 IntLike = SupportsIndex  # an int, or anything with __index__ (numpy integers)
 
@@ -159,6 +159,10 @@ def as_activation(value: Any) -> Activation:
 
 def as_eltop(value: Any) -> EltOp:
     return _enum(EltOp, value, "elementwise op")  # type: ignore[no-any-return]
+
+
+def as_cmpop(value: Any) -> CmpOp:
+    return _enum(CmpOp, value, "compare op")  # type: ignore[no-any-return]
 
 
 def as_reduceop(value: Any) -> ReduceOp:
@@ -536,6 +540,58 @@ class CommandBufferBuilder:
                            "b": b_addr, "out": out},
                           name or f"ELEMENTWISE {eop.name.lower()} {dt.name.lower()} "
                                   f"count={count}" + (f" bcast={cols}" if cols else ""))
+
+    def compare(self, op: CmpOp | int | str, *, dtype: DType | int | str, count: IntLike,
+                a: IntLike, b: IntLike | None = None, out: IntLike,
+                broadcast_cols: IntLike | None = None, name: str | None = None) -> int:
+        """out (an I8 mask of `count` bytes) = 1 where `a op b` holds, else 0; a and b
+        of `dtype` (any); logic ops (and, or, xor, not) take nonzero as true; NOT is
+        unary. With `broadcast_cols`, b is a [cols] vector compared with every row."""
+        cop = as_cmpop(op)
+        dt = as_dtype(dtype)
+        count = _uint(count, "COMPARE count", U64_MAX, minimum=1)
+        nbytes = count * isa.DTYPE_SIZE[dt]
+        a = _addr(a, "COMPARE a")
+        out = _addr(out, "COMPARE out")
+        _range(a, nbytes, "COMPARE a")
+        _range(out, count, "COMPARE out")
+        flags = cols = 0
+        b_bytes = nbytes
+        if broadcast_cols is not None:
+            if cop in isa.UNARY_CMP_OPS:
+                raise ValueError(f"COMPARE {cop.name} is unary: no broadcast_cols")
+            cols = _uint(broadcast_cols, "COMPARE broadcast_cols", U32_MAX, minimum=1)
+            if count % cols:
+                raise ValueError(f"COMPARE count {count} is not a multiple of "
+                                 f"broadcast_cols {cols}")
+            flags = isa.CMP_BROADCAST_B
+            b_bytes = cols * isa.DTYPE_SIZE[dt]
+        b_addr = 0
+        if cop not in isa.UNARY_CMP_OPS:
+            if b is None:
+                raise ValueError(f"COMPARE {cop.name} is binary: b is required")
+            b_addr = _addr(b, "COMPARE b")
+            _range(b_addr, b_bytes, "COMPARE b")
+        return self._emit(Opcode.COMPARE, flags,
+                          {"op": cop, "dtype": dt, "cols": cols, "count": count, "a": a,
+                           "b": b_addr, "out": out},
+                          name or f"COMPARE {cop.name.lower()} {dt.name.lower()} "
+                                  f"count={count}" + (f" bcast={cols}" if cols else ""))
+
+    def select(self, *, dtype: DType | int | str, count: IntLike, cond: IntLike,
+               a: IntLike, b: IntLike, out: IntLike, name: str | None = None) -> int:
+        """out[i] = a[i] if cond[i] != 0 else b[i]: cond an I8 mask, a, b, out of `dtype`
+        (any; the bytes are moved as they are): ONNX Where."""
+        dt = as_dtype(dtype)
+        count = _uint(count, "SELECT count", U64_MAX, minimum=1)
+        nbytes = count * isa.DTYPE_SIZE[dt]
+        f: dict[str, int | float] = {"dtype": dt, "count": count}
+        for nm, v, size in (("cond", cond, count), ("a", a, nbytes), ("b", b, nbytes),
+                            ("out", out, nbytes)):
+            f[nm] = _addr(v, f"SELECT {nm}")
+            _range(int(f[nm]), size, f"SELECT {nm}")
+        return self._emit(Opcode.SELECT, 0, f,
+                          name or f"SELECT {dt.name.lower()} count={count}")
 
     def copy(self, *, dtype: DType | int | str, shape: tuple[IntLike, ...] | list[IntLike],
              src: IntLike, dst: IntLike,
@@ -917,16 +973,18 @@ def _format_field(cmd: DecodedCommand, key: str, value: int | float) -> str:
             return f"int_dtype={DType(value).name}"
         except ValueError:
             pass
-    elif key == "op" and cmd.opcode in (Opcode.ELEMENTWISE, Opcode.REDUCE, Opcode.POOL2D):
-        enum: type[EltOp] | type[ReduceOp] | type[PoolOp] = (
+    elif key == "op" and cmd.opcode in (Opcode.ELEMENTWISE, Opcode.REDUCE, Opcode.POOL2D,
+                                        Opcode.COMPARE):
+        enum: type[EltOp] | type[ReduceOp] | type[PoolOp] | type[CmpOp] = (
             EltOp if cmd.opcode == Opcode.ELEMENTWISE else
-            ReduceOp if cmd.opcode == Opcode.REDUCE else PoolOp)
+            ReduceOp if cmd.opcode == Opcode.REDUCE else
+            CmpOp if cmd.opcode == Opcode.COMPARE else PoolOp)
         try:
             return f"op={enum(value).name}"
         except ValueError:
             pass
     elif key in ("src", "dst", "a", "b", "c", "bias", "out", "addr", "pattern", "x", "y",
-                 "weight", "gamma", "beta", "table", "indices"):
+                 "weight", "gamma", "beta", "table", "indices", "cond"):
         return f"{key}={value:#x}"
     return f"{key}={value}"
 

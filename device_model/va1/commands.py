@@ -530,6 +530,63 @@ def _resolve_elementwise(ck: _Checker, flags: int, p: tuple) -> Command:  # type
                    size=size, run=run)
 
 
+def _resolve_compare(ck: _Checker, flags: int, p: tuple) -> Command:  # type: ignore[type-arg]
+    op, dtype_v, reserved, cols, count, a, b, out = p
+    if flags & ~isa.CMP_FLAGS_ALL:
+        raise ck.fail(Status.BAD_ARG, f"COMPARE flags {flags:#x}")
+    ck.zero(reserved, "reserved")
+    ck.enum(isa.CmpOp, op, "compare op")
+    unary = op in isa.UNARY_CMP_OPS
+    bcast = bool(flags & isa.CMP_BROADCAST_B)
+    if bcast and unary:
+        raise ck.fail(Status.BAD_ARG, f"BROADCAST_B with unary {isa.CmpOp(op).name}")
+    if not bcast:
+        ck.zero(cols, "cols (without BROADCAST_B)")
+    dt = ck.dtype(dtype_v, _ALL_DTYPES)
+    ck.dtype(DType.I8, _ALL_DTYPES)          # the mask it writes
+    if count == 0:
+        raise ck.fail(Status.BAD_SHAPE, "zero count")
+    if bcast and (cols == 0 or count % cols):
+        raise ck.fail(Status.BAD_SHAPE, f"count {count} not a multiple of cols {cols}")
+    es = isa.DTYPE_SIZE[dt]
+    size = ck.nbytes(count, es)
+    npdt = np.dtype(isa.DTYPE_NUMPY[dt])
+    av = ck.device(a, size, "a").view(npdt)
+    b_size = 0 if unary else (cols * es if bcast else size)
+    bv = None if unary else ck.device(b, b_size, "b").view(npdt)
+    ov = ck.device(out, ck.nbytes(count), "out").view(np.int8)
+    if bcast:
+        av = av.reshape(count // cols, cols)
+        ov = ov.reshape(count // cols, cols)
+    cost = _cost(ck, dt, count, size + b_size + count)
+    run = _bind(ck, kernels.compare, {"a": av, "b": bv, "out": ov}, "out",
+                frozenset({"a"} if bcast else {"a", "b"}), op=op)
+    return Command(Opcode.COMPARE, ck.offset, cost, dtype=dt, op=op, a=av, b=bv, dst=ov,
+                   size=count, run=run)
+
+
+def _resolve_select(ck: _Checker, flags: int, p: tuple) -> Command:  # type: ignore[type-arg]
+    dtype_v, reserved, reserved2, reserved3, count, cond, a, b, out = p
+    ck.zero(reserved, "reserved")
+    ck.zero(reserved2, "reserved2")
+    ck.zero(reserved3, "reserved3")
+    dt = ck.dtype(dtype_v, _ALL_DTYPES)
+    ck.dtype(DType.I8, _ALL_DTYPES)          # the condition mask
+    if count == 0:
+        raise ck.fail(Status.BAD_SHAPE, "zero count")
+    size = ck.nbytes(count, isa.DTYPE_SIZE[dt])
+    npdt = np.dtype(isa.DTYPE_NUMPY[dt])
+    cv = ck.device(cond, ck.nbytes(count), "cond").view(np.int8)
+    av = ck.device(a, size, "a").view(npdt)
+    bv = ck.device(b, size, "b").view(npdt)
+    ov = ck.device(out, size, "out").view(npdt)
+    cost = _cost(ck, dt, count, 3 * size + count)
+    run = _bind(ck, kernels.select, {"cond": cv, "a": av, "b": bv, "out": ov}, "out",
+                frozenset({"cond", "a", "b"}))
+    return Command(Opcode.SELECT, ck.offset, cost, dtype=dt, a=av, b=bv, dst=ov, size=size,
+                   run=run)
+
+
 def _resolve_copy(ck: _Checker, flags: int, p: tuple) -> Command:  # type: ignore[type-arg]
     dtype_v, ndim, reserved, reserved2, src, dst = p[:6]
     shape_all, sst_all, dst_all = p[6:10], p[10:14], p[14:18]
@@ -829,6 +886,8 @@ OPS: dict[Opcode, OpSpec] = {
                                 checks_flags=True),
     Opcode.ELEMENTWISE: OpSpec(_one(_resolve_elementwise), ex.bound_kernel, checks_flags=True),
     Opcode.GATHER: OpSpec(_one(_resolve_gather), ex.bound_kernel),
+    Opcode.COMPARE: OpSpec(_one(_resolve_compare), ex.bound_kernel, checks_flags=True),
+    Opcode.SELECT: OpSpec(_one(_resolve_select), ex.bound_kernel),
     Opcode.CONV2D: OpSpec(_one(_resolve_conv2d), ex.bound_kernel, checks_flags=True),
     Opcode.POOL2D: OpSpec(_one(_resolve_pool2d), ex.bound_kernel, checks_flags=True),
     Opcode.SOFTMAX: OpSpec(_one(_resolve_softmax), ex.bound_kernel),

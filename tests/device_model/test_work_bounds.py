@@ -256,6 +256,23 @@ def gemm_batched_cases(rng: np.random.Generator) -> Iterator[Case]:
                                                        (2, 160, 160)))
 
 
+def select_cases(rng: np.random.Generator) -> Iterator[Case]:
+    """COMPARE (f16, broadcast) and SELECT (f32, in place over a) over the bound."""
+    im = Image(rng)
+    a, b = im.rand((1024, 1024), DType.F16), im.rand((1024,), DType.F16)
+    out = im.out((1024 * 1024,), DType.I8)
+    yield Case("compare-f16-bcast", enc(
+        Opcode.COMPARE, isa.CMP_BROADCAST_B, op=isa.CmpOp.GREATER_EQUAL, dtype=DType.F16,
+        cols=1024, count=1 << 20, a=a, b=b, out=out), im.data, (out, NP[DType.I8],
+                                                               (1 << 20,)))
+    im = Image(rng)
+    cond = im.put((rng.random(1 << 20) < 0.3).astype(np.int8))
+    a, b = im.rand((1 << 20,), DType.F32), im.rand((1 << 20,), DType.F32)
+    yield Case("select-f32-in-place", enc(
+        Opcode.SELECT, dtype=DType.F32, count=1 << 20, cond=cond, a=a, b=b, out=a),
+        im.data, (a, NP[DType.F32], (1 << 20,)))
+
+
 def movement_cases(rng: np.random.Generator) -> Iterator[Case]:
     for shift in (-4096 - 3, 100_000):  # D2D over itself, both directions
         im = Image(rng)
@@ -274,7 +291,8 @@ def movement_cases(rng: np.random.Generator) -> Iterator[Case]:
 GENERATORS: dict[str, Callable[[np.random.Generator], Iterator[Case]]] = {
     "gemm": gemm_cases, "elementwise": elementwise_cases, "rowwise": rowwise_cases,
     "quant": quant_cases, "conv2d": conv_cases, "movement": movement_cases,
-    "model_ops": model_op_cases, "gemm_batched": gemm_batched_cases}
+    "model_ops": model_op_cases, "gemm_batched": gemm_batched_cases,
+    "select": select_cases}
 
 
 @pytest.mark.parametrize("kind", list(GENERATORS))

@@ -358,3 +358,29 @@ def test_gemm_batched_defaults_to_dense_batches_and_checks_arguments() -> None:
         b.gemm_batched(dtype="i32", batch=1, m=1, n=1, k=1, a=0, b=0, c=0)
     with pytest.raises(ValueError, match="GEMM_BATCHED c range"):
         b.gemm_batched(dtype="f32", batch=2, m=1, n=1, k=1, a=0, b=0, c=2**64 - 4)
+
+
+def test_compare_and_select_encode_their_layouts_and_check_arguments() -> None:
+    from hwspec import isa
+    from hwspec.isa import CmpOp, Opcode
+
+    from userspace_runtime.commands import CommandBufferBuilder, decode
+    b = CommandBufferBuilder()
+    b.compare("less", dtype="f32", count=12, a=0, b=64, out=128, broadcast_cols=4)
+    b.compare("not", dtype="i8", count=12, a=0, out=128)
+    b.select(dtype="f16", count=12, cond=128, a=0, b=64, out=256)
+    less, neg, sel = decode(b.bytes())
+    assert less.opcode == Opcode.COMPARE and less.flags == isa.CMP_BROADCAST_B
+    assert less.fields["op"] == CmpOp.LESS and less.fields["cols"] == 4
+    assert neg.fields["b"] == 0 and sel.opcode == Opcode.SELECT and sel.length == 56
+    assert sel.fields["cond"] == 128
+    text = b.disassemble()
+    assert "COMPARE less f32 count=12 bcast=4" in text and "SELECT f16 count=12" in text
+    with pytest.raises(ValueError, match="b is required"):
+        b.compare("equal", dtype="f32", count=4, a=0, out=0)
+    with pytest.raises(ValueError, match="unary"):
+        b.compare("not", dtype="f32", count=4, a=0, out=0, broadcast_cols=2)
+    with pytest.raises(ValueError, match="compare op"):
+        b.compare("like", dtype="f32", count=4, a=0, b=0, out=0)
+    with pytest.raises(ValueError, match="SELECT count"):
+        b.select(dtype="f32", count=0, cond=0, a=0, b=0, out=0)
