@@ -385,6 +385,67 @@ class Lowerer:
             self.em.cmd(Opcode.ELEMENTWISE, f, flags=flags,
                         name=f"{n.name}: {op.name.lower()} [{lo}, {lo + c})")
 
+    # masks ---------------------------------------------------------------------------
+
+    def _materialize(self, v: Value, out_shape: tuple[int, ...], tmp: Ref | None,
+                     name: str) -> tuple[Ref, Ref | None]:
+        """v as a dense tensor of out_shape: itself, or broadcast into the temp (and the
+        temp's next free block)."""
+        if v.shape == out_shape:
+            return self.ref(v), tmp
+        assert tmp is not None
+        self.broadcast_into(v, out_shape, tmp, name)
+        return tmp, tmp.at(_align(math.prod(out_shape) * isa.DTYPE_SIZE[isa_dtype(v)]))
+
+    def _compare(self, n: Node) -> None:
+        a, b = n.inputs[0], (n.inputs[1] if len(n.inputs) > 1 else None)
+        assert a is not None
+        out = n.outputs[0]
+        dt = isa_dtype(a)
+        es = isa.DTYPE_SIZE[dt]
+        op = isa.CmpOp[n.attrs["fn"].upper()]
+        ra, tmp = self._materialize(a, out.shape, self.plan.temps.get(id(n)),
+                                    f"{n.name}: broadcast a")
+        rb: Ref | None = None
+        cols = 0
+        if b is not None:
+            if b.shape != out.shape and _suffix_broadcast(b.shape, out.shape):
+                bs = (1,) * (len(out.shape) - len(b.shape)) + b.shape
+                k = next((i for i, d in enumerate(bs) if d != 1), len(bs))
+                rb, cols = self.ref(b), math.prod(out.shape[k:])
+            else:
+                rb, tmp = self._materialize(b, out.shape, tmp, f"{n.name}: broadcast b")
+        count = out.size
+        chunk = max(1, self.target.scratchpad_size // (2 * es + 1))
+        if cols:
+            chunk = max(cols, chunk // cols * cols)
+        for lo in range(0, count, chunk):
+            c = min(chunk, count - lo)
+            f: dict[str, Any] = {"op": op, "dtype": dt, "count": c, "a": ra.at(lo * es),
+                                 "out": self.ref(out).at(lo)}
+            if rb is not None:
+                f["b"], f["cols"] = (rb, cols) if cols else (rb.at(lo * es), 0)
+            self.em.cmd(Opcode.COMPARE, f, flags=isa.CMP_BROADCAST_B if cols else 0,
+                        name=f"{n.name}: {op.name.lower()} [{lo}, {lo + c})")
+
+    def _select(self, n: Node) -> None:
+        c, a, b = n.inputs[0], n.inputs[1], n.inputs[2]
+        assert c is not None and a is not None and b is not None
+        out = n.outputs[0]
+        dt = isa_dtype(out)
+        es = isa.DTYPE_SIZE[dt]
+        tmp = self.plan.temps.get(id(n))
+        rc, tmp = self._materialize(c, out.shape, tmp, f"{n.name}: broadcast cond")
+        ra, tmp = self._materialize(a, out.shape, tmp, f"{n.name}: broadcast a")
+        rb, tmp = self._materialize(b, out.shape, tmp, f"{n.name}: broadcast b")
+        chunk = max(1, self.target.scratchpad_size // (3 * es + 1))
+        for lo in range(0, out.size, chunk):
+            k = min(chunk, out.size - lo)
+            self.em.cmd(Opcode.SELECT, {"dtype": dt, "count": k, "cond": rc.at(lo),
+                                        "a": ra.at(lo * es), "b": rb.at(lo * es),
+                                        "out": self.ref(out).at(lo * es)},
+                        name=f"{n.name}: select [{lo}, {lo + k})")
+
     def _add(self, n: Node) -> None:
         self._eltwise(n, isa.EltOp.ADD)
 
@@ -963,6 +1024,15 @@ def temp_bytes(n: Node, target: Target) -> int:  # noqa: C901
         need = 0 if a.shape == out.shape else _align(out.nbytes)
         if b.shape != out.shape and not _suffix_broadcast(b.shape, out.shape):
             need += _align(out.nbytes)
+        return need
+    if n.op in ("compare", "select"):
+        need = 0
+        for i, v in enumerate(n.inputs):
+            if v is None or v.shape == out.shape:
+                continue
+            if n.op == "compare" and i == 1 and _suffix_broadcast(v.shape, out.shape):
+                continue
+            need += _align(out.size * np.dtype(v.dtype).itemsize)
         return need
     if n.op == "layernorm":
         x = n.inputs[0]

@@ -809,3 +809,53 @@ def _expand_infer(node: Node) -> list[tuple[Shape, str]]:
 
 _register("expand", _expand_infer,
           lambda n, x: [np.ascontiguousarray(np.broadcast_to(x[0], n.attrs["shape"]))])
+
+
+# --- masks: comparisons, logic, select --------------------------------------------------
+# Booleans are int8 tensors of 0 / 1 (the VA-1's masks); readers take nonzero as true.
+
+COMPARE_FNS = ("equal", "less", "greater", "less_equal", "greater_equal", "and", "or",
+               "xor", "not")
+_COMPARE_REF = {"equal": np.equal, "less": np.less, "greater": np.greater,
+                "less_equal": np.less_equal, "greater_equal": np.greater_equal,
+                "and": np.logical_and, "or": np.logical_or, "xor": np.logical_xor}
+
+
+def _compare_attrs(node: Node) -> None:
+    if node.attrs.get("fn") not in COMPARE_FNS:
+        raise _err(f"compare fn must be one of {', '.join(COMPARE_FNS)}, got "
+                   f"{node.attrs.get('fn')!r}")
+
+
+def _compare_infer(node: Node) -> list[tuple[Shape, str]]:
+    a = _req(node, 0, "a")
+    if node.attrs.get("fn") == "not":
+        return [(a.shape, "int8")]
+    b = _req(node, 1, "b")
+    _same_dtype(node)
+    return [(broadcast(a.shape, b.shape), "int8")]
+
+
+def _compare_ref(node: Node, x: list[Any]) -> list[np.ndarray]:
+    fn = node.attrs["fn"]
+    r = np.logical_not(x[0]) if fn == "not" else _COMPARE_REF[fn](x[0], x[1])
+    return [np.asarray(r).astype(np.int8)]
+
+
+_register("compare", _compare_infer, _compare_ref, _compare_attrs)
+
+
+def _select_infer(node: Node) -> list[tuple[Shape, str]]:
+    c, a, b = _req(node, 0, "cond"), _req(node, 1, "a"), _req(node, 2, "b")
+    if c.dtype != "int8":
+        raise _err(f"the condition is {c.dtype}, an int8 mask is needed")
+    if a.dtype != b.dtype:
+        raise _err(f"branches have different dtypes: {a.dtype} and {b.dtype}")
+    return [(broadcast(broadcast(c.shape, a.shape), b.shape), a.dtype)]
+
+
+def _select_ref(node: Node, x: list[Any]) -> list[np.ndarray]:
+    return [np.where(np.asarray(x[0]) != 0, x[1], x[2]).astype(x[1].dtype)]
+
+
+_register("select", _select_infer, _select_ref)
