@@ -24,6 +24,9 @@ class Opcode(IntEnum):
     GATHER = 0x09        # rows of a table by I32 indices (embedding lookup)
     GEMM = 0x10
     ELEMENTWISE = 0x11
+    GEMM_BATCHED = 0x13  # strided batched GEMM (attention), leading dimensions per operand
+    COMPARE = 0x14       # comparisons and logic -> an I8 mask of 0 / 1
+    SELECT = 0x15        # out = cond != 0 ? a : b (Where)
     CONV2D = 0x18
     SOFTMAX = 0x19
     LAYERNORM = 0x1A
@@ -87,6 +90,23 @@ UNARY_ELT_OPS = frozenset({EltOp.RELU, EltOp.GELU, EltOp.SIGMOID, EltOp.ERF, Elt
                            EltOp.ABS, EltOp.LOG})
 
 
+class CmpOp(IntEnum):
+    """COMPARE: out = 1 where the relation holds, else 0 (an I8 mask). The logic ops
+    take nonzero as true."""
+    EQUAL = 0
+    LESS = 1
+    GREATER = 2
+    LESS_EQUAL = 3
+    GREATER_EQUAL = 4
+    AND = 5
+    OR = 6
+    XOR = 7
+    NOT = 8       # unary: b is ignored
+
+
+UNARY_CMP_OPS = frozenset({CmpOp.NOT})
+
+
 class PoolOp(IntEnum):
     MAX = 0
     AVG = 1
@@ -105,9 +125,16 @@ GEMM_TRANS_B = 1 << 1
 GEMM_BIAS = 1 << 2
 GEMM_FLAGS_ALL = GEMM_TRANS_A | GEMM_TRANS_B | GEMM_BIAS
 
+# GEMM_BATCHED takes the GEMM flags and at most this many batches per command.
+GEMM_BATCHED_MAX_BATCH = 65535
+
 # ELEMENTWISE header flags.
 ELT_BROADCAST_B = 1 << 0   # b is a [cols] vector repeated over count / cols rows
 ELT_FLAGS_ALL = ELT_BROADCAST_B
+
+# COMPARE header flags: BROADCAST_B as ELEMENTWISE's (b a [cols] vector).
+CMP_BROADCAST_B = 1 << 0
+CMP_FLAGS_ALL = CMP_BROADCAST_B
 
 # CONV2D header flags.
 CONV_BIAS = 1 << 0
@@ -155,9 +182,22 @@ PAYLOAD: dict[Opcode, Layout] = {
         ("m", "I"), ("n", "I"), ("k", "I"),
         ("a", "Q"), ("b", "Q"), ("c", "Q"), ("bias", "Q"),
         ("alpha", "f"), ("beta", "f"))),
+    Opcode.GEMM_BATCHED: Layout("va1_gemm_batched", (
+        ("dtype", "B"), ("activation", "B"), ("reserved", "H"), ("batch", "I"),
+        ("m", "I"), ("n", "I"), ("k", "I"), ("reserved2", "I"),
+        ("a", "Q"), ("b", "Q"), ("c", "Q"), ("bias", "Q"),
+        ("lda", "Q"), ("ldb", "Q"), ("ldc", "Q"),
+        ("stride_a", "Q"), ("stride_b", "Q"), ("stride_c", "Q"),
+        ("alpha", "f"), ("beta", "f"))),
     Opcode.ELEMENTWISE: Layout("va1_elementwise", (
         ("op", "B"), ("dtype", "B"), ("reserved", "H"), ("cols", "I"),
         ("count", "Q"), ("a", "Q"), ("b", "Q"), ("out", "Q"))),
+    Opcode.COMPARE: Layout("va1_compare", (
+        ("op", "B"), ("dtype", "B"), ("reserved", "H"), ("cols", "I"),
+        ("count", "Q"), ("a", "Q"), ("b", "Q"), ("out", "Q"))),
+    Opcode.SELECT: Layout("va1_select", (
+        ("dtype", "B"), ("reserved", "B"), ("reserved2", "H"), ("reserved3", "I"),
+        ("count", "Q"), ("cond", "Q"), ("a", "Q"), ("b", "Q"), ("out", "Q"))),
     Opcode.GATHER: Layout("va1_gather", (
         ("dtype", "B"), ("reserved", "B"), ("reserved2", "H"),
         ("rows", "I"), ("cols", "I"), ("count", "I"),

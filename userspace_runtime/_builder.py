@@ -1,5 +1,5 @@
 """Encoding, decoding and disassembly of VA-1 command buffers (ISA 1.0 and its
-additions: COPY, GATHER, CONV2D, POOL2D, SOFTMAX, LAYERNORM, REDUCE, QUANTIZE,
+additions: COPY, GATHER, GEMM_BATCHED, COMPARE, SELECT, CONV2D, POOL2D, SOFTMAX, LAYERNORM, REDUCE, QUANTIZE,
 DEQUANTIZE, CALL).
 
 Every number comes from `hwspec.isa`: opcodes, header and payload layouts, flags and
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, SupportsIndex
 
 from hwspec import isa
-from hwspec.isa import Activation, DType, EltOp, Opcode, PoolOp, ReduceOp
+from hwspec.isa import Activation, CmpOp, DType, EltOp, Opcode, PoolOp, ReduceOp
 
 IntLike = SupportsIndex  # an int, or anything with __index__ (numpy integers)
 
@@ -159,6 +159,10 @@ def as_activation(value: Any) -> Activation:
 
 def as_eltop(value: Any) -> EltOp:
     return _enum(EltOp, value, "elementwise op")  # type: ignore[no-any-return]
+
+
+def as_cmpop(value: Any) -> CmpOp:
+    return _enum(CmpOp, value, "compare op")  # type: ignore[no-any-return]
 
 
 def as_reduceop(value: Any) -> ReduceOp:
@@ -429,6 +433,72 @@ class CommandBufferBuilder:
             name = f"GEMM {dt.name.lower()} m={m} n={n} k={k}{extra}"
         return self._emit(Opcode.GEMM, flags, fields, name)
 
+    def gemm_batched(self, *, dtype: DType | int | str, batch: IntLike, m: IntLike,
+                     n: IntLike, k: IntLike, a: IntLike, b: IntLike, c: IntLike,
+                     lda: IntLike | None = None, ldb: IntLike | None = None,
+                     ldc: IntLike | None = None, stride_a: IntLike | None = None,
+                     stride_b: IntLike | None = None, stride_c: IntLike | None = None,
+                     bias: IntLike | None = None, alpha: float = 1.0, beta: float = 0.0,
+                     trans_a: bool = False, trans_b: bool = False,
+                     activation: Activation | int | str | None = None,
+                     name: str | None = None) -> int:
+        """For each i < batch: C_i = act(alpha * op(A_i) @ op(B_i) + beta * C_i + bias),
+        where operand X_i starts at x + i * stride_x elements and its stored rows are
+        ldx elements apart (defaults: dense, back to back; a stride of 0 shares one
+        matrix between all batches, a transpose is a TRANS flag with its ld)."""
+        dt = as_dtype(dtype)
+        if dt not in GEMM_DTYPES:
+            raise ValueError(f"GEMM_BATCHED dtype {dt.name} is not supported (only F32, "
+                             "F16, I8)")
+        batch = _uint(batch, "GEMM_BATCHED batch", isa.GEMM_BATCHED_MAX_BATCH, minimum=1)
+        m = _uint(m, "GEMM_BATCHED m", U32_MAX, minimum=1)
+        n = _uint(n, "GEMM_BATCHED n", U32_MAX, minimum=1)
+        k = _uint(k, "GEMM_BATCHED k", U32_MAX, minimum=1)
+        act = as_activation(activation)
+        esize = isa.DTYPE_SIZE[dt]
+        osize = isa.DTYPE_SIZE[DType.I32] if dt == DType.I8 else esize
+        if dt == DType.I8 and (act not in (Activation.NONE, Activation.RELU)
+                               or alpha != 1.0 or beta not in (0.0, 1.0)):
+            raise ValueError(f"I8 GEMM_BATCHED activation {act.name} alpha={alpha!r} "
+                             f"beta={beta!r}: NONE or RELU, alpha 1, beta 0 or 1")
+        a_rows, a_cols = (k, m) if trans_a else (m, k)
+        b_rows, b_cols = (n, k) if trans_b else (k, n)
+        lds = {}
+        for nm, v, cols in (("lda", lda, a_cols), ("ldb", ldb, b_cols), ("ldc", ldc, n)):
+            lds[nm] = cols if v is None else _uint(v, f"GEMM_BATCHED {nm}", U64_MAX)
+        strides = {}
+        for nm, v, rows, ld in (("stride_a", stride_a, a_rows, lds["lda"]),
+                                ("stride_b", stride_b, b_rows, lds["ldb"]),
+                                ("stride_c", stride_c, m, lds["ldc"])):
+            strides[nm] = rows * ld if v is None else _uint(v, f"GEMM_BATCHED {nm}", U64_MAX)
+    
+        def extent(rows: int, cols: int, ld: int, st: int, es: int) -> int:
+            return ((batch - 1) * st + (rows - 1) * ld + cols) * es
+
+        fields: dict[str, int | float] = {
+            "dtype": dt, "activation": act, "batch": batch, "m": m, "n": n, "k": k,
+            "a": _addr(a, "GEMM_BATCHED a"), "b": _addr(b, "GEMM_BATCHED b"),
+            "c": _addr(c, "GEMM_BATCHED c"), **lds, **strides,
+            "alpha": check_f32(alpha, "GEMM_BATCHED alpha"),
+            "beta": check_f32(beta, "GEMM_BATCHED beta")}
+        _range(int(fields["a"]), extent(a_rows, a_cols, lds["lda"], strides["stride_a"],
+                                        esize), "GEMM_BATCHED a")
+        _range(int(fields["b"]), extent(b_rows, b_cols, lds["ldb"], strides["stride_b"],
+                                        esize), "GEMM_BATCHED b")
+        _range(int(fields["c"]), extent(m, n, lds["ldc"], strides["stride_c"], osize),
+               "GEMM_BATCHED c")
+        flags = (isa.GEMM_TRANS_A if trans_a else 0) | (isa.GEMM_TRANS_B if trans_b else 0)
+        if bias is not None:
+            flags |= isa.GEMM_BIAS
+            fields["bias"] = _addr(bias, "GEMM_BATCHED bias")
+            _range(int(fields["bias"]), n * osize, "GEMM_BATCHED bias")
+        if name is None:
+            extra = "".join([" trans_a" if trans_a else "", " trans_b" if trans_b else "",
+                             " +bias" if bias is not None else "",
+                             f" {act.name.lower()}" if act != Activation.NONE else ""])
+            name = f"GEMM_BATCHED {dt.name.lower()} {batch}x m={m} n={n} k={k}{extra}"
+        return self._emit(Opcode.GEMM_BATCHED, flags, fields, name)
+
     def elementwise(self, op: EltOp | int | str, *, dtype: DType | int | str,
                     count: IntLike, a: IntLike, b: IntLike | None = None,
                     out: IntLike, broadcast_cols: IntLike | None = None,
@@ -470,6 +540,58 @@ class CommandBufferBuilder:
                            "b": b_addr, "out": out},
                           name or f"ELEMENTWISE {eop.name.lower()} {dt.name.lower()} "
                                   f"count={count}" + (f" bcast={cols}" if cols else ""))
+
+    def compare(self, op: CmpOp | int | str, *, dtype: DType | int | str, count: IntLike,
+                a: IntLike, b: IntLike | None = None, out: IntLike,
+                broadcast_cols: IntLike | None = None, name: str | None = None) -> int:
+        """out (an I8 mask of `count` bytes) = 1 where `a op b` holds, else 0; a and b
+        of `dtype` (any); logic ops (and, or, xor, not) take nonzero as true; NOT is
+        unary. With `broadcast_cols`, b is a [cols] vector compared with every row."""
+        cop = as_cmpop(op)
+        dt = as_dtype(dtype)
+        count = _uint(count, "COMPARE count", U64_MAX, minimum=1)
+        nbytes = count * isa.DTYPE_SIZE[dt]
+        a = _addr(a, "COMPARE a")
+        out = _addr(out, "COMPARE out")
+        _range(a, nbytes, "COMPARE a")
+        _range(out, count, "COMPARE out")
+        flags = cols = 0
+        b_bytes = nbytes
+        if broadcast_cols is not None:
+            if cop in isa.UNARY_CMP_OPS:
+                raise ValueError(f"COMPARE {cop.name} is unary: no broadcast_cols")
+            cols = _uint(broadcast_cols, "COMPARE broadcast_cols", U32_MAX, minimum=1)
+            if count % cols:
+                raise ValueError(f"COMPARE count {count} is not a multiple of "
+                                 f"broadcast_cols {cols}")
+            flags = isa.CMP_BROADCAST_B
+            b_bytes = cols * isa.DTYPE_SIZE[dt]
+        b_addr = 0
+        if cop not in isa.UNARY_CMP_OPS:
+            if b is None:
+                raise ValueError(f"COMPARE {cop.name} is binary: b is required")
+            b_addr = _addr(b, "COMPARE b")
+            _range(b_addr, b_bytes, "COMPARE b")
+        return self._emit(Opcode.COMPARE, flags,
+                          {"op": cop, "dtype": dt, "cols": cols, "count": count, "a": a,
+                           "b": b_addr, "out": out},
+                          name or f"COMPARE {cop.name.lower()} {dt.name.lower()} "
+                                  f"count={count}" + (f" bcast={cols}" if cols else ""))
+
+    def select(self, *, dtype: DType | int | str, count: IntLike, cond: IntLike,
+               a: IntLike, b: IntLike, out: IntLike, name: str | None = None) -> int:
+        """out[i] = a[i] if cond[i] != 0 else b[i]: cond an I8 mask, a, b, out of `dtype`
+        (any; the bytes are moved as they are): ONNX Where."""
+        dt = as_dtype(dtype)
+        count = _uint(count, "SELECT count", U64_MAX, minimum=1)
+        nbytes = count * isa.DTYPE_SIZE[dt]
+        f: dict[str, int | float] = {"dtype": dt, "count": count}
+        for nm, v, size in (("cond", cond, count), ("a", a, nbytes), ("b", b, nbytes),
+                            ("out", out, nbytes)):
+            f[nm] = _addr(v, f"SELECT {nm}")
+            _range(int(f[nm]), size, f"SELECT {nm}")
+        return self._emit(Opcode.SELECT, 0, f,
+                          name or f"SELECT {dt.name.lower()} count={count}")
 
     def copy(self, *, dtype: DType | int | str, shape: tuple[IntLike, ...] | list[IntLike],
              src: IntLike, dst: IntLike,
@@ -851,16 +973,18 @@ def _format_field(cmd: DecodedCommand, key: str, value: int | float) -> str:
             return f"int_dtype={DType(value).name}"
         except ValueError:
             pass
-    elif key == "op" and cmd.opcode in (Opcode.ELEMENTWISE, Opcode.REDUCE, Opcode.POOL2D):
-        enum: type[EltOp] | type[ReduceOp] | type[PoolOp] = (
+    elif key == "op" and cmd.opcode in (Opcode.ELEMENTWISE, Opcode.REDUCE, Opcode.POOL2D,
+                                        Opcode.COMPARE):
+        enum: type[EltOp] | type[ReduceOp] | type[PoolOp] | type[CmpOp] = (
             EltOp if cmd.opcode == Opcode.ELEMENTWISE else
-            ReduceOp if cmd.opcode == Opcode.REDUCE else PoolOp)
+            ReduceOp if cmd.opcode == Opcode.REDUCE else
+            CmpOp if cmd.opcode == Opcode.COMPARE else PoolOp)
         try:
             return f"op={enum(value).name}"
         except ValueError:
             pass
     elif key in ("src", "dst", "a", "b", "c", "bias", "out", "addr", "pattern", "x", "y",
-                 "weight", "gamma", "beta", "table", "indices"):
+                 "weight", "gamma", "beta", "table", "indices", "cond"):
         return f"{key}={value:#x}"
     return f"{key}={value}"
 

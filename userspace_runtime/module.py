@@ -243,6 +243,8 @@ class Function:
                     raise ValueError(f"{self.name}: input {a.name!r} has int64 values "
                                      f"outside int32 ([{arr.min()}, {arr.max()}])")
                 arr = arr.astype(np.int32)
+            if a.dtype == "int8" and arr.dtype == np.bool_:
+                arr = arr.astype(np.int8)     # booleans are int8 masks of 0 / 1
             if arr.dtype != np.dtype(a.dtype):
                 raise TypeError(f"{self.name}: input {a.name!r} has dtype {arr.dtype}, "
                                 f"expected {a.dtype}")

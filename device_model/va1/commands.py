@@ -377,19 +377,27 @@ def _finite_f32(ck: _Checker, value: float, what: str, positive: bool = False) -
         raise ck.fail(Status.BAD_ARG, f"{what} = {value!r}, must be {kind}")
 
 
-def _resolve_gemm(ck: _Checker, flags: int, p: tuple) -> Command:  # type: ignore[type-arg]
-    dtype_v, act, reserved, m, n, k, a, b, c, bias, alpha, beta = p
-    if flags & ~isa.GEMM_FLAGS_ALL:
-        raise ck.fail(Status.BAD_ARG, f"GEMM flags {flags:#x}")
-    ck.zero(reserved, "reserved")
+def _gemm_args(ck: _Checker, what: str, dtype_v: int, act: int,
+               alpha: float, beta: float) -> DType:
+    """The checks GEMM and GEMM_BATCHED share after flags and reserved fields:
+    activation, dtype, I8 arguments."""
     ck.enum(isa.Activation, act, "activation")
     dt = ck.dtype(dtype_v, _GEMM_DTYPES)
     if dt == DType.I8:
         if act not in (isa.Activation.NONE, isa.Activation.RELU):
             raise ck.fail(Status.BAD_ARG, f"activation {act} with I8 (NONE or RELU only)")
         if alpha != 1.0 or beta not in (0.0, 1.0):
-            raise ck.fail(Status.BAD_ARG, f"I8 GEMM alpha={alpha} beta={beta} "
+            raise ck.fail(Status.BAD_ARG, f"I8 {what} alpha={alpha} beta={beta} "
                                           "(alpha 1, beta 0 or 1)")
+    return dt
+
+
+def _resolve_gemm(ck: _Checker, flags: int, p: tuple) -> Command:  # type: ignore[type-arg]
+    dtype_v, act, reserved, m, n, k, a, b, c, bias, alpha, beta = p
+    if flags & ~isa.GEMM_FLAGS_ALL:
+        raise ck.fail(Status.BAD_ARG, f"GEMM flags {flags:#x}")
+    ck.zero(reserved, "reserved")
+    dt = _gemm_args(ck, "GEMM", dtype_v, act, alpha, beta)
     es = isa.DTYPE_SIZE[dt]
     out_dt = DType.I32 if dt == DType.I8 else dt
     oes = isa.DTYPE_SIZE[out_dt]
@@ -420,6 +428,72 @@ def _resolve_gemm(ck: _Checker, flags: int, p: tuple) -> Command:  # type: ignor
     return Command(Opcode.GEMM, ck.offset, cost, dtype=dt, activation=act, a=av, b=bv, c=cv,
                    bias=biasv, alpha=alpha, beta=beta, extra={"m": m, "n": n, "k": k},
                    run=run)
+
+
+def _strided(ck: _Checker, addr: int, npdt: np.dtype,
+             shape: tuple[int, int, int], strides: tuple[int, int, int], what: str
+             ) -> tuple[np.ndarray, int]:
+    """A [batch, rows, cols] view with element strides (extent-1 dimensions ignore
+    theirs), after the range check of its exact extent; and that extent in bytes."""
+    st = tuple(s if d > 1 else 0 for d, s in zip(shape, strides))
+    ext = ck.nbytes(sum((d - 1) * s for d, s in zip(shape, st)) + 1, npdt.itemsize)
+    base = ck.device(addr, ext, what).view(npdt)
+    return as_strided(base, shape, tuple(s * npdt.itemsize for s in st),
+                      writeable=what == "C"), ext
+
+
+def _resolve_gemm_batched(ck: _Checker, flags: int, p: tuple) -> Command:  # type: ignore[type-arg]
+    (dtype_v, act, reserved, batch, m, n, k, reserved2, a, b, c, bias,
+     lda, ldb, ldc, sa, sb, sc, alpha, beta) = p
+    if flags & ~isa.GEMM_FLAGS_ALL:
+        raise ck.fail(Status.BAD_ARG, f"GEMM_BATCHED flags {flags:#x}")
+    ck.zero(reserved, "reserved")
+    ck.zero(reserved2, "reserved2")
+    dt = _gemm_args(ck, "GEMM_BATCHED", dtype_v, act, alpha, beta)
+    if batch == 0 or m == 0 or n == 0 or k == 0:
+        raise ck.fail(Status.BAD_SHAPE, f"GEMM_BATCHED batch={batch} m={m} n={n} k={k}")
+    if batch > isa.GEMM_BATCHED_MAX_BATCH:
+        raise ck.fail(Status.BAD_SHAPE, f"GEMM_BATCHED batch {batch} > "
+                                        f"{isa.GEMM_BATCHED_MAX_BATCH}")
+    # C's elements must be distinct (the COPY destination rule on (batch, m, n)).
+    span = 1
+    for st, d in sorted((st, d) for st, d in ((sc, batch), (ldc, m), (1, n)) if d > 1):
+        if st < span:
+            raise ck.fail(Status.BAD_SHAPE, "C strides (stride_c, ldc) make elements "
+                                            "overlap")
+        span = st * d
+    out_dt = DType.I32 if dt == DType.I8 else dt
+    npdt, onpdt = np.dtype(isa.DTYPE_NUMPY[dt]), np.dtype(isa.DTYPE_NUMPY[out_dt])
+    ta, tb = bool(flags & isa.GEMM_TRANS_A), bool(flags & isa.GEMM_TRANS_B)
+    av, a_ext = _strided(ck, a, npdt, (batch, k, m) if ta else (batch, m, k), (sa, lda, 1),
+                         "A")
+    bv, b_ext = _strided(ck, b, npdt, (batch, n, k) if tb else (batch, k, n), (sb, ldb, 1),
+                         "B")
+    cv, c_ext = _strided(ck, c, onpdt, (batch, m, n), (sc, ldc, 1), "C")
+    av = av.transpose(0, 2, 1) if ta else av
+    bv = bv.transpose(0, 2, 1) if tb else bv
+    biasv = None
+    bias_bytes = 0
+    if flags & isa.GEMM_BIAS:
+        bias_bytes = ck.nbytes(n, onpdt.itemsize)
+        biasv = ck.device(bias, bias_bytes, "bias").view(onpdt)
+    es, oes = npdt.itemsize, onpdt.itemsize
+    # roofline bytes: an operand shared by every batch (batch stride 0) is read once
+    a_bytes = m * k * es * (1 if sa == 0 else batch)
+    b_bytes = k * n * es * (1 if sb == 0 else batch)
+    c_bytes = batch * m * n * oes
+    nbytes = a_bytes + b_bytes + c_bytes + (c_bytes if beta != 0 else 0) + bias_bytes
+    cost = _cost(ck, dt, 2 * batch * m * n * k, nbytes)
+    operands = {"a": av, "b": bv, "c": cv, "bias": biasv}
+    if dt == DType.I8:
+        run = _bind(ck, kernels.gemm_batched, operands, "c", alpha=1.0, beta=beta,
+                    activation=act)
+    else:
+        run = _bind(ck, kernels.gemm_batched, operands, "c", alpha=alpha, beta=beta,
+                    activation=act)
+    return Command(Opcode.GEMM_BATCHED, ck.offset, cost, dtype=dt, activation=act, a=av,
+                   b=bv, c=cv, bias=biasv, alpha=alpha, beta=beta,
+                   extra={"batch": batch, "m": m, "n": n, "k": k}, run=run)
 
 
 def _resolve_elementwise(ck: _Checker, flags: int, p: tuple) -> Command:  # type: ignore[type-arg]
@@ -454,6 +528,63 @@ def _resolve_elementwise(ck: _Checker, flags: int, p: tuple) -> Command:  # type
                 frozenset({"a"} if bcast else {"a", "b"}), op=op)
     return Command(Opcode.ELEMENTWISE, ck.offset, cost, dtype=dt, op=op, a=av, b=bv, dst=ov,
                    size=size, run=run)
+
+
+def _resolve_compare(ck: _Checker, flags: int, p: tuple) -> Command:  # type: ignore[type-arg]
+    op, dtype_v, reserved, cols, count, a, b, out = p
+    if flags & ~isa.CMP_FLAGS_ALL:
+        raise ck.fail(Status.BAD_ARG, f"COMPARE flags {flags:#x}")
+    ck.zero(reserved, "reserved")
+    ck.enum(isa.CmpOp, op, "compare op")
+    unary = op in isa.UNARY_CMP_OPS
+    bcast = bool(flags & isa.CMP_BROADCAST_B)
+    if bcast and unary:
+        raise ck.fail(Status.BAD_ARG, f"BROADCAST_B with unary {isa.CmpOp(op).name}")
+    if not bcast:
+        ck.zero(cols, "cols (without BROADCAST_B)")
+    dt = ck.dtype(dtype_v, _ALL_DTYPES)
+    ck.dtype(DType.I8, _ALL_DTYPES)          # the mask it writes
+    if count == 0:
+        raise ck.fail(Status.BAD_SHAPE, "zero count")
+    if bcast and (cols == 0 or count % cols):
+        raise ck.fail(Status.BAD_SHAPE, f"count {count} not a multiple of cols {cols}")
+    es = isa.DTYPE_SIZE[dt]
+    size = ck.nbytes(count, es)
+    npdt = np.dtype(isa.DTYPE_NUMPY[dt])
+    av = ck.device(a, size, "a").view(npdt)
+    b_size = 0 if unary else (cols * es if bcast else size)
+    bv = None if unary else ck.device(b, b_size, "b").view(npdt)
+    ov = ck.device(out, ck.nbytes(count), "out").view(np.int8)
+    if bcast:
+        av = av.reshape(count // cols, cols)
+        ov = ov.reshape(count // cols, cols)
+    cost = _cost(ck, dt, count, size + b_size + count)
+    run = _bind(ck, kernels.compare, {"a": av, "b": bv, "out": ov}, "out",
+                frozenset({"a"} if bcast else {"a", "b"}), op=op)
+    return Command(Opcode.COMPARE, ck.offset, cost, dtype=dt, op=op, a=av, b=bv, dst=ov,
+                   size=count, run=run)
+
+
+def _resolve_select(ck: _Checker, flags: int, p: tuple) -> Command:  # type: ignore[type-arg]
+    dtype_v, reserved, reserved2, reserved3, count, cond, a, b, out = p
+    ck.zero(reserved, "reserved")
+    ck.zero(reserved2, "reserved2")
+    ck.zero(reserved3, "reserved3")
+    dt = ck.dtype(dtype_v, _ALL_DTYPES)
+    ck.dtype(DType.I8, _ALL_DTYPES)          # the condition mask
+    if count == 0:
+        raise ck.fail(Status.BAD_SHAPE, "zero count")
+    size = ck.nbytes(count, isa.DTYPE_SIZE[dt])
+    npdt = np.dtype(isa.DTYPE_NUMPY[dt])
+    cv = ck.device(cond, ck.nbytes(count), "cond").view(np.int8)
+    av = ck.device(a, size, "a").view(npdt)
+    bv = ck.device(b, size, "b").view(npdt)
+    ov = ck.device(out, size, "out").view(npdt)
+    cost = _cost(ck, dt, count, 3 * size + count)
+    run = _bind(ck, kernels.select, {"cond": cv, "a": av, "b": bv, "out": ov}, "out",
+                frozenset({"cond", "a", "b"}))
+    return Command(Opcode.SELECT, ck.offset, cost, dtype=dt, a=av, b=bv, dst=ov, size=size,
+                   run=run)
 
 
 def _resolve_copy(ck: _Checker, flags: int, p: tuple) -> Command:  # type: ignore[type-arg]
@@ -751,8 +882,12 @@ OPS: dict[Opcode, OpSpec] = {
     Opcode.DMA_D2D: OpSpec(_one(_resolve_dma_d2d), ex.bound_kernel),
     Opcode.COPY: OpSpec(_one(_resolve_copy), ex.bound_kernel),
     Opcode.GEMM: OpSpec(_one(_resolve_gemm), ex.bound_kernel, checks_flags=True),
+    Opcode.GEMM_BATCHED: OpSpec(_one(_resolve_gemm_batched), ex.bound_kernel,
+                                checks_flags=True),
     Opcode.ELEMENTWISE: OpSpec(_one(_resolve_elementwise), ex.bound_kernel, checks_flags=True),
     Opcode.GATHER: OpSpec(_one(_resolve_gather), ex.bound_kernel),
+    Opcode.COMPARE: OpSpec(_one(_resolve_compare), ex.bound_kernel, checks_flags=True),
+    Opcode.SELECT: OpSpec(_one(_resolve_select), ex.bound_kernel),
     Opcode.CONV2D: OpSpec(_one(_resolve_conv2d), ex.bound_kernel, checks_flags=True),
     Opcode.POOL2D: OpSpec(_one(_resolve_pool2d), ex.bound_kernel, checks_flags=True),
     Opcode.SOFTMAX: OpSpec(_one(_resolve_softmax), ex.bound_kernel),

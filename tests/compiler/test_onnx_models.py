@@ -146,7 +146,9 @@ def test_claimed_operators() -> None:
         "MaxPool", "Min", "Mul", "Neg", "Pad", "Pow", "QuantizeLinear", "Range",
         "Reciprocal", "ReduceMax", "ReduceMean", "ReduceMin", "ReduceSum", "Relu",
         "Reshape", "Shape", "Sigmoid", "Size", "Slice", "Softmax", "Split", "Sqrt",
-        "Squeeze", "Sub", "Tanh", "Transpose", "Unsqueeze", "Where"}
+        "Squeeze", "Sub", "Tanh", "Transpose", "Unsqueeze", "Where",
+        "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "And", "Or", "Xor",
+        "Not"}
 
 
 @pytest.mark.parametrize("image", ["microvm-mmio.toml", "passthrough-pci.toml"])

@@ -255,6 +255,8 @@ def test_callee_error_reports_the_call_offset_and_inner_offset_in_the_trace() ->
     lambda: gemm(1, 1, 1, 0, 0, 0, dtype=2),
     lambda: enc(Opcode.QUANTIZE, dtype=0, int_dtype=2, scale=1.0, count=1, x=0, y=0),
     lambda: enc(Opcode.COPY, dtype=3, ndim=1, shape0=1, src=0, dst=0),
+    lambda: enc(Opcode.COMPARE, op=0, dtype=0, count=1, a=0, b=0, out=0),   # its I8 mask
+    lambda: enc(Opcode.SELECT, dtype=0, count=1, cond=0, a=0, b=0, out=0),  # its I8 cond
 ])
 def test_int8_needs_the_feature_and_the_dtype_mask(buf_fn: Any) -> None:
     no_int8 = (1 << 32) | (1 << 28) | (1 << 29) | 1 | 4

@@ -227,6 +227,52 @@ def model_op_cases(rng: np.random.Generator) -> Iterator[Case]:
                                                                         (1 << 20,)))
 
 
+def gemm_batched_cases(rng: np.random.Generator) -> Iterator[Case]:
+    """GEMM_BATCHED over the bound: f16 (tiled per batch), strided transposed A and a
+    shared B in f32, and C overlapping A (staged)."""
+    im = Image(rng)
+    a, b = im.rand((3, 400, 400), DType.F16), im.rand((3, 400, 400), DType.F16)
+    c = im.out((3, 400, 400), DType.F16)
+    yield Case("gemm_batched-f16", enc(
+        Opcode.GEMM_BATCHED, dtype=DType.F16, batch=3, m=400, n=400, k=400, a=a, b=b, c=c,
+        lda=400, ldb=400, ldc=400, stride_a=160_000, stride_b=160_000, stride_c=160_000,
+        alpha=1.0, beta=0.0), im.data, (c, NP[DType.F16], (3, 400, 400)))
+    im = Image(rng)
+    q = im.rand((512, 4, 128), DType.F32)          # 4 heads of [512, 128], transposed
+    w = im.rand((512, 512), DType.F32)
+    c = im.out((4, 128, 512), DType.F32)
+    yield Case("gemm_batched-strided", enc(
+        Opcode.GEMM_BATCHED, isa.GEMM_TRANS_A, dtype=DType.F32, activation=Activation.GELU,
+        batch=4, m=128, n=512, k=512, a=q, b=w, c=c, lda=512, ldb=512, ldc=512,
+        stride_a=128, stride_b=0, stride_c=128 * 512, alpha=0.5, beta=0.0), im.data,
+        (c, NP[DType.F32], (4, 128, 512)))
+    im = Image(rng)
+    a, b = im.rand((2, 160, 160), DType.F32), im.rand((2, 160, 160), DType.F32)
+    im.out((160,), DType.F32)
+    yield Case("gemm_batched-over-a", enc(
+        Opcode.GEMM_BATCHED, dtype=DType.F32, batch=2, m=160, n=160, k=160, a=a, b=b,
+        c=b + 4 * 160, lda=160, ldb=160, ldc=160, stride_a=25600, stride_b=25600,
+        stride_c=25600, alpha=1.0, beta=0.0), im.data, (b + 4 * 160, NP[DType.F32],
+                                                       (2, 160, 160)))
+
+
+def select_cases(rng: np.random.Generator) -> Iterator[Case]:
+    """COMPARE (f16, broadcast) and SELECT (f32, in place over a) over the bound."""
+    im = Image(rng)
+    a, b = im.rand((1024, 1024), DType.F16), im.rand((1024,), DType.F16)
+    out = im.out((1024 * 1024,), DType.I8)
+    yield Case("compare-f16-bcast", enc(
+        Opcode.COMPARE, isa.CMP_BROADCAST_B, op=isa.CmpOp.GREATER_EQUAL, dtype=DType.F16,
+        cols=1024, count=1 << 20, a=a, b=b, out=out), im.data, (out, NP[DType.I8],
+                                                               (1 << 20,)))
+    im = Image(rng)
+    cond = im.put((rng.random(1 << 20) < 0.3).astype(np.int8))
+    a, b = im.rand((1 << 20,), DType.F32), im.rand((1 << 20,), DType.F32)
+    yield Case("select-f32-in-place", enc(
+        Opcode.SELECT, dtype=DType.F32, count=1 << 20, cond=cond, a=a, b=b, out=a),
+        im.data, (a, NP[DType.F32], (1 << 20,)))
+
+
 def movement_cases(rng: np.random.Generator) -> Iterator[Case]:
     for shift in (-4096 - 3, 100_000):  # D2D over itself, both directions
         im = Image(rng)
@@ -245,7 +291,8 @@ def movement_cases(rng: np.random.Generator) -> Iterator[Case]:
 GENERATORS: dict[str, Callable[[np.random.Generator], Iterator[Case]]] = {
     "gemm": gemm_cases, "elementwise": elementwise_cases, "rowwise": rowwise_cases,
     "quant": quant_cases, "conv2d": conv_cases, "movement": movement_cases,
-    "model_ops": model_op_cases}
+    "model_ops": model_op_cases, "gemm_batched": gemm_batched_cases,
+    "select": select_cases}
 
 
 @pytest.mark.parametrize("kind", list(GENERATORS))

@@ -328,3 +328,59 @@ def test_pool2d_and_gather_encode_their_layouts_and_check_arguments() -> None:
         b.pool2d("avg", dtype="f32", n=1, c=1, h=4, w=4, r=2, s=2, x=0, y=0, padding=2)
     with pytest.raises(ValueError, match="GATHER count"):
         b.gather(dtype="f32", rows=1, cols=1, count=0, table=0, indices=0, out=0)
+
+
+def test_gemm_batched_defaults_to_dense_batches_and_checks_arguments() -> None:
+    from hwspec import isa
+    from hwspec.isa import Opcode
+
+    from userspace_runtime.commands import CommandBufferBuilder, decode
+    b = CommandBufferBuilder()
+    b.gemm_batched(dtype="f32", batch=8, m=6, n=10, k=16, a=0, b=4096, c=8192,
+                   trans_b=True, alpha=0.25)
+    b.gemm_batched(dtype="f32", batch=4, m=6, n=16, k=10, a=0, b=4096, c=8192, lda=10,
+                   ldb=128, stride_b=16, bias=0x100, activation="relu")
+    dense, strided = decode(b.bytes())
+    assert dense.opcode == Opcode.GEMM_BATCHED and dense.length == 120
+    assert dense.flags == isa.GEMM_TRANS_B
+    f = dense.fields
+    assert (f["lda"], f["ldb"], f["ldc"]) == (16, 16, 10)            # B stored n x k
+    assert (f["stride_a"], f["stride_b"], f["stride_c"]) == (96, 160, 60)
+    assert f["alpha"] == 0.25
+    g = strided.fields
+    assert strided.flags == isa.GEMM_BIAS and (g["ldb"], g["stride_b"]) == (128, 16)
+    assert "GEMM_BATCHED f32 8x m=6 n=10 k=16 trans_b" in b.disassemble()
+    with pytest.raises(ValueError, match="GEMM_BATCHED batch"):
+        b.gemm_batched(dtype="f32", batch=65536, m=1, n=1, k=1, a=0, b=0, c=0)
+    with pytest.raises(ValueError, match="I8 GEMM_BATCHED"):
+        b.gemm_batched(dtype="i8", batch=1, m=1, n=1, k=1, a=0, b=0, c=0, alpha=2.0)
+    with pytest.raises(ValueError, match="dtype I32"):
+        b.gemm_batched(dtype="i32", batch=1, m=1, n=1, k=1, a=0, b=0, c=0)
+    with pytest.raises(ValueError, match="GEMM_BATCHED c range"):
+        b.gemm_batched(dtype="f32", batch=2, m=1, n=1, k=1, a=0, b=0, c=2**64 - 4)
+
+
+def test_compare_and_select_encode_their_layouts_and_check_arguments() -> None:
+    from hwspec import isa
+    from hwspec.isa import CmpOp, Opcode
+
+    from userspace_runtime.commands import CommandBufferBuilder, decode
+    b = CommandBufferBuilder()
+    b.compare("less", dtype="f32", count=12, a=0, b=64, out=128, broadcast_cols=4)
+    b.compare("not", dtype="i8", count=12, a=0, out=128)
+    b.select(dtype="f16", count=12, cond=128, a=0, b=64, out=256)
+    less, neg, sel = decode(b.bytes())
+    assert less.opcode == Opcode.COMPARE and less.flags == isa.CMP_BROADCAST_B
+    assert less.fields["op"] == CmpOp.LESS and less.fields["cols"] == 4
+    assert neg.fields["b"] == 0 and sel.opcode == Opcode.SELECT and sel.length == 56
+    assert sel.fields["cond"] == 128
+    text = b.disassemble()
+    assert "COMPARE less f32 count=12 bcast=4" in text and "SELECT f16 count=12" in text
+    with pytest.raises(ValueError, match="b is required"):
+        b.compare("equal", dtype="f32", count=4, a=0, out=0)
+    with pytest.raises(ValueError, match="unary"):
+        b.compare("not", dtype="f32", count=4, a=0, out=0, broadcast_cols=2)
+    with pytest.raises(ValueError, match="compare op"):
+        b.compare("like", dtype="f32", count=4, a=0, b=0, out=0)
+    with pytest.raises(ValueError, match="SELECT count"):
+        b.select(dtype="f32", count=0, cond=0, a=0, b=0, out=0)

@@ -22,6 +22,7 @@ from ._passes import (
     infer_shapes,
 )
 from ._target import Target
+from ._views import fold_matmul_views
 
 
 @dataclass
@@ -33,6 +34,9 @@ class CompileOptions:
     fold_batchnorm: bool = True
     fuse: bool = True
     fuse_activations: frozenset[str] = frozenset({"relu", "gelu", "sigmoid", "silu"})
+    # batched matmuls as GEMM_BATCHED reading transposed / reshaped / scaled operands
+    # in place (False: one GEMM per batch on materialized operands)
+    fold_views: bool = True
     # int8 post-training quantization: calibration feeds ({input name: array} each);
     # None keeps the graph in float.
     calibration: Sequence[Mapping[str, Any]] | None = None
@@ -180,6 +184,8 @@ def compile_graph(graph: Graph, target: Target | None = None,
         from ._quant import quantization_error, quantize_int8
         report["quantize_int8"] = quantize_int8(g, opts.calibration)
         quant_error = quantization_error(graph, g, opts.calibration)  # the caller's f32 graph
+    if opts.fold_views:
+        report["fold_matmul_views"] = fold_matmul_views(g)
     report["canonicalize"] = canonicalize(g)
     report["dce2"] = eliminate_dead_code(g)
     infer_shapes(g)

@@ -385,6 +385,67 @@ class Lowerer:
             self.em.cmd(Opcode.ELEMENTWISE, f, flags=flags,
                         name=f"{n.name}: {op.name.lower()} [{lo}, {lo + c})")
 
+    # masks ---------------------------------------------------------------------------
+
+    def _materialize(self, v: Value, out_shape: tuple[int, ...], tmp: Ref | None,
+                     name: str) -> tuple[Ref, Ref | None]:
+        """v as a dense tensor of out_shape: itself, or broadcast into the temp (and the
+        temp's next free block)."""
+        if v.shape == out_shape:
+            return self.ref(v), tmp
+        assert tmp is not None
+        self.broadcast_into(v, out_shape, tmp, name)
+        return tmp, tmp.at(_align(math.prod(out_shape) * isa.DTYPE_SIZE[isa_dtype(v)]))
+
+    def _compare(self, n: Node) -> None:
+        a, b = n.inputs[0], (n.inputs[1] if len(n.inputs) > 1 else None)
+        assert a is not None
+        out = n.outputs[0]
+        dt = isa_dtype(a)
+        es = isa.DTYPE_SIZE[dt]
+        op = isa.CmpOp[n.attrs["fn"].upper()]
+        ra, tmp = self._materialize(a, out.shape, self.plan.temps.get(id(n)),
+                                    f"{n.name}: broadcast a")
+        rb: Ref | None = None
+        cols = 0
+        if b is not None:
+            if b.shape != out.shape and _suffix_broadcast(b.shape, out.shape):
+                bs = (1,) * (len(out.shape) - len(b.shape)) + b.shape
+                k = next((i for i, d in enumerate(bs) if d != 1), len(bs))
+                rb, cols = self.ref(b), math.prod(out.shape[k:])
+            else:
+                rb, tmp = self._materialize(b, out.shape, tmp, f"{n.name}: broadcast b")
+        count = out.size
+        chunk = max(1, self.target.scratchpad_size // (2 * es + 1))
+        if cols:
+            chunk = max(cols, chunk // cols * cols)
+        for lo in range(0, count, chunk):
+            c = min(chunk, count - lo)
+            f: dict[str, Any] = {"op": op, "dtype": dt, "count": c, "a": ra.at(lo * es),
+                                 "out": self.ref(out).at(lo)}
+            if rb is not None:
+                f["b"], f["cols"] = (rb, cols) if cols else (rb.at(lo * es), 0)
+            self.em.cmd(Opcode.COMPARE, f, flags=isa.CMP_BROADCAST_B if cols else 0,
+                        name=f"{n.name}: {op.name.lower()} [{lo}, {lo + c})")
+
+    def _select(self, n: Node) -> None:
+        c, a, b = n.inputs[0], n.inputs[1], n.inputs[2]
+        assert c is not None and a is not None and b is not None
+        out = n.outputs[0]
+        dt = isa_dtype(out)
+        es = isa.DTYPE_SIZE[dt]
+        tmp = self.plan.temps.get(id(n))
+        rc, tmp = self._materialize(c, out.shape, tmp, f"{n.name}: broadcast cond")
+        ra, tmp = self._materialize(a, out.shape, tmp, f"{n.name}: broadcast a")
+        rb, tmp = self._materialize(b, out.shape, tmp, f"{n.name}: broadcast b")
+        chunk = max(1, self.target.scratchpad_size // (3 * es + 1))
+        for lo in range(0, out.size, chunk):
+            k = min(chunk, out.size - lo)
+            self.em.cmd(Opcode.SELECT, {"dtype": dt, "count": k, "cond": rc.at(lo),
+                                        "a": ra.at(lo * es), "b": rb.at(lo * es),
+                                        "out": self.ref(out).at(lo * es)},
+                        name=f"{n.name}: select [{lo}, {lo + k})")
+
     def _add(self, n: Node) -> None:
         self._eltwise(n, isa.EltOp.ADD)
 
@@ -757,6 +818,57 @@ class Lowerer:
                             self.ref(out).at(oi * m * nn * oes), None, 1.0, 0.0, False, False,
                             0, oes, self.plan.temps.get(id(n)))
 
+    def _bmm(self, n: Node) -> None:
+        """GEMM_BATCHED over operand views: the batch dims merged where every operand's
+        strides allow (the innermost run is one command, up to 65535 batches; outer
+        ones loop), each batch tiled to the scratchpad in row and column blocks that
+        are read and written in place through the leading dimensions."""
+        a, b = n.inputs[0], n.inputs[1]
+        assert a is not None and b is not None
+        out = n.outputs[0]
+        (sa, sta), (sb, stb) = n.attrs["a_view"], n.attrs["b_view"]
+        dt = isa_dtype(a)
+        es, oes = isa.DTYPE_SIZE[dt], isa.DTYPE_SIZE[isa_dtype(out)]
+        batch, (m, nn), k = out.shape[:-2], out.shape[-2:], sa[-1]
+
+        def batch_strides(shape: tuple[int, ...], st: tuple[int, ...]) -> tuple[int, ...]:
+            pad = len(batch) - (len(shape) - 2)
+            return (0,) * pad + tuple(0 if d == 1 else s for d, s in
+                                      zip(shape[:-2], st[:-2]))
+
+        # stored matrices: A (m x k, or k x m with TRANS_A), B (k x n, or n x k)
+        ta = not (k == 1 or sta[-1] == 1)
+        lda = (sta[-1] if k > 1 else m) if ta else (sta[-2] if m > 1 else k)
+        tb = not (nn == 1 or stb[-1] == 1)
+        ldb = (stb[-1] if nn > 1 else k) if tb else (stb[-2] if k > 1 else nn)
+        shp, (bsa, bsb, bsc) = _merge_dims(batch or (1,), batch_strides(sa, sta),
+                                           batch_strides(sb, stb),
+                                           contiguous_strides(batch or (1,)))
+        mt, nt = gemm_tile_sizes(m, nn, k, es, oes, False, self.target.scratchpad_size)
+        flags = (isa.GEMM_TRANS_A if ta else 0) | (isa.GEMM_TRANS_B if tb else 0)
+        alpha = n.attrs.get("alpha", 1.0)
+        inner, outer = shp[-1], shp[:-1]
+        for idx in np.ndindex(*outer):
+            oa = sum(i * s for i, s in zip(idx, bsa))
+            ob = sum(i * s for i, s in zip(idx, bsb))
+            oc = sum(i * s for i, s in zip(idx, bsc))
+            for b0 in range(0, inner, isa.GEMM_BATCHED_MAX_BATCH):
+                bn = min(isa.GEMM_BATCHED_MAX_BATCH, inner - b0)
+                for j0 in range(0, nn, nt):
+                    for i0 in range(0, m, mt):
+                        ea = oa + b0 * bsa[-1] + i0 * (1 if ta else lda)
+                        eb = ob + b0 * bsb[-1] + j0 * (ldb if tb else 1)
+                        ec = (oc + b0 * bsc[-1]) * m * nn + i0 * nn + j0
+                        self.em.cmd(Opcode.GEMM_BATCHED, {
+                            "dtype": dt, "batch": bn, "m": min(mt, m - i0),
+                            "n": min(nt, nn - j0), "k": k, "a": self.ref(a).at(ea * es),
+                            "b": self.ref(b).at(eb * es), "c": self.ref(out).at(ec * oes),
+                            "lda": lda, "ldb": ldb, "ldc": nn, "stride_a": bsa[-1],
+                            "stride_b": bsb[-1], "stride_c": bsc[-1] * m * nn,
+                            "alpha": alpha, "beta": 0.0}, flags=flags,
+                            name=f"{n.name}: gemm_batched {bn}x rows [{i0}, "
+                                 f"{min(m, i0 + mt)}) cols [{j0}, {min(nn, j0 + nt)})")
+
     # conv2d -------------------------------------------------------------------------------
 
     def _conv2d(self, n: Node) -> None:
@@ -959,6 +1071,15 @@ def temp_bytes(n: Node, target: Target) -> int:  # noqa: C901
         need = 0 if a.shape == out.shape else _align(out.nbytes)
         if b.shape != out.shape and not _suffix_broadcast(b.shape, out.shape):
             need += _align(out.nbytes)
+        return need
+    if n.op in ("compare", "select"):
+        need = 0
+        for i, v in enumerate(n.inputs):
+            if v is None or v.shape == out.shape:
+                continue
+            if n.op == "compare" and i == 1 and _suffix_broadcast(v.shape, out.shape):
+                continue
+            need += _align(out.size * np.dtype(v.dtype).itemsize)
         return need
     if n.op == "layernorm":
         x = n.inputs[0]

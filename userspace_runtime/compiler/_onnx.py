@@ -30,7 +30,7 @@ STATIC_OPERANDS: dict[str, tuple[int, ...]] = {
     "QuantizeLinear": (1, 2), "DequantizeLinear": (1, 2),
     "BatchNormalization": (1, 2, 3, 4),
     "Clip": (1, 2), "Slice": (1, 2, 3, 4), "Split": (1,), "Pad": (1, 2, 3),
-    "Expand": (1,), "Where": (0,), "ConstantOfShape": (0,), "Range": (0, 1, 2),
+    "Expand": (1,), "ConstantOfShape": (0,), "Range": (0, 1, 2),
 }
 
 
@@ -64,7 +64,9 @@ _ONNX_DTYPES = {onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.FLOAT16: np
                 # int64 inputs (token ids, indices) are taken as int32: the VA-1 has no
                 # 64-bit integers; the runtime narrows int64 feeds, refusing what does
                 # not fit
-                onnx.TensorProto.INT64: np.int32}
+                onnx.TensorProto.INT64: np.int32,
+                # booleans are int8 masks of 0 / 1 on the VA-1 (COMPARE, SELECT)
+                onnx.TensorProto.BOOL: np.int8}
 
 
 def _elem_name(code: int) -> str:
@@ -350,7 +352,9 @@ class _Importer:
     def constant(self, arr: np.ndarray, name: str) -> Value:
         if arr.dtype == np.float64:
             arr = arr.astype(np.float32)
-        if arr.dtype in (np.int64, np.int16, np.uint8, np.bool_):
+        if arr.dtype == np.bool_:      # a mask a runtime node reads: int8 0 / 1
+            return self.g.constant(arr.astype(np.int8), name=name)
+        if arr.dtype in (np.int64, np.int16, np.uint8):
             # shape-like tensors: kept as int32 constants (only ever read at compile time)
             if arr.dtype == np.uint8 and arr.size and arr.max() > 127:
                 return self.g.constant(arr.astype(np.int32), name=name)
@@ -1028,23 +1032,69 @@ def _expand(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Val
     return [im.g.add_node("expand", [inp], {"shape": out}, name=n.name or None)[0]]
 
 
+def _as_dtype_of(im: _Importer, v: Value, other: Value, what: str) -> Value:
+    """A constant operand in the dtype of the runtime one (ONNX types both alike; the
+    importer may have narrowed one side: int64 -> int32, bool -> int8)."""
+    if v.dtype == other.dtype:
+        return v
+    if v.is_const:
+        arr = im.const(v, what)
+        cast = arr.astype(other.dtype)
+        if np.array_equal(cast.astype(arr.dtype), arr):
+            return im.g.constant(cast, name=f"{v.name}_{other.dtype}")
+    raise im.fail(f"{what} is {v.dtype} but the other operand is {other.dtype}")
+
+
+def _compare(fn: str) -> _Handler:
+    def h(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value]:
+        a = x[0]
+        assert a is not None
+        if fn == "not":
+            return [im.g.add_node("compare", [a], {"fn": fn}, name=n.name or None)[0]]
+        b = x[1]
+        assert b is not None
+        if a.is_const and not b.is_const:
+            a = _as_dtype_of(im, a, b, "operand A")
+        else:
+            b = _as_dtype_of(im, b, a, "operand B")
+        return [im.g.add_node("compare", [a, b], {"fn": fn}, name=n.name or None)[0]]
+    return h
+
+
+for _onnx_op, _fn in (("Equal", "equal"), ("Less", "less"), ("Greater", "greater"),
+                      ("LessOrEqual", "less_equal"), ("GreaterOrEqual", "greater_equal"),
+                      ("And", "and"), ("Or", "or"), ("Xor", "xor")):
+    _op(_onnx_op, (2, 2))(_compare(_fn))
+_op("Not", (1, 1))(_compare("not"))
+
+
 @_op("Where", (3, 3))
 def _where(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value]:
-    """Where with a compile-time condition (the masks exporters make from shapes):
-    out = a * m + b * (1 - m) with m the 0/1 mask, a constant branch folded into the
-    added term. Exact for finite values of the branch(es) computed at run time."""
+    """Where with a condition computed at run time: SELECT (the condition an int8 mask,
+    branches of any dtype, exact for inf and NaN). With a compile-time condition (the
+    masks exporters make from shapes) and float branches: out = a * m + b * (1 - m), a
+    constant branch folded into the added term (exact for finite values of the
+    branch(es) computed at run time)."""
     c, a, b = x
     assert c is not None and a is not None and b is not None
-    cond = im.const(c, "the condition (bool tensors are not a VA-1 dtype: it must be a "
-                       "compile-time value)").astype(bool)
-    if a.dtype != b.dtype or a.dtype not in ("float32", "float16"):
-        raise im.fail(f"branches of types {a.dtype} and {b.dtype} (float only)")
+    if a.is_const and not b.is_const:
+        a = _as_dtype_of(im, a, b, "branch X")
+    else:
+        b = _as_dtype_of(im, b, a, "branch Y")
     try:
-        shape = tuple(int(d) for d in np.broadcast_shapes(cond.shape, a.shape, b.shape))
+        shape = tuple(int(d) for d in np.broadcast_shapes(c.shape, a.shape, b.shape))
     except ValueError:
-        raise im.fail(f"condition {list(cond.shape)}, {list(a.shape)} and {list(b.shape)} "
+        raise im.fail(f"condition {list(c.shape)}, {list(a.shape)} and {list(b.shape)} "
                       f"do not broadcast") from None
     g, dt = im.g, a.dtype
+    if not c.is_const or dt not in ("float32", "float16"):
+        if c.is_const:
+            c = g.constant((im.const(c, "the condition") != 0).astype(np.int8),
+                           name=f"{n.name or 'where'}_mask")
+        elif c.dtype != "int8":
+            raise im.fail(f"condition of type {c.dtype} (a bool tensor is needed)")
+        return [g.add_node("select", [c, a, b], {}, name=n.name or None)[0]]
+    cond = im.const(c, "the condition").astype(bool)
     m = np.broadcast_to(cond, shape)
     terms: list[Value] = []
     fixed = np.zeros(shape, dt)

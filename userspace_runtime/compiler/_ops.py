@@ -158,6 +158,61 @@ def _matmul_ref(node: Node, x: list[Any]) -> list[np.ndarray]:
 _register("matmul", _matmul_infer, _matmul_ref)
 
 
+# bmm: a batched matmul whose operands are strided views of other values (what the
+# view-folding pass makes of MatMul(Transpose / Reshape / scalar Mul of x, ...)):
+# attrs a_view / b_view = (shape, element strides) into the row-major data of inputs 0 /
+# 1, and alpha. out = alpha * matmul(view_a, view_b), numpy broadcasting of batch dims.
+
+def _view_ok(v: Any, view: Any, what: str) -> tuple[Shape, Shape]:
+    try:
+        shape, strides = (tuple(int(d) for d in view[0]), tuple(int(s) for s in view[1]))
+    except (TypeError, ValueError, IndexError):
+        raise _err(f"{what} must be (shape, strides), got {view!r}") from None
+    if len(shape) != len(strides) or len(shape) < 2 or min(shape) < 1 or min(strides) < 0:
+        raise _err(f"{what} {view!r}: rank >= 2, dims >= 1, strides >= 0")
+    if sum((d - 1) * st for d, st in zip(shape, strides)) >= v.size:
+        raise _err(f"{what} {view!r} reaches past {v.name} ({v.size} elements)")
+    return shape, strides
+
+
+def _bmm_infer(node: Node) -> list[tuple[Shape, str]]:
+    a, b = _req(node, 0, "a"), _req(node, 1, "b")
+    dt = _same_dtype(node)
+    sa, _ = _view_ok(a, node.attrs.get("a_view"), "a_view")
+    sb, _ = _view_ok(b, node.attrs.get("b_view"), "b_view")
+    if sa[-1] != sb[-2]:
+        raise _err(f"inner dimensions differ: a view is {list(sa)}, b view is {list(sb)}")
+    try:
+        batch = np.broadcast_shapes(sa[:-2], sb[:-2])
+    except ValueError:
+        raise _err(f"batch dims of {list(sa)} and {list(sb)} do not broadcast") from None
+    if dt == "int8" and node.attrs.get("alpha", 1.0) != 1.0:
+        raise _err("int8 bmm with alpha != 1")
+    out_dt = "int32" if dt == "int8" else dt
+    return [(tuple(int(d) for d in batch) + (sa[-2], sb[-1]), out_dt)]
+
+
+def view_of(x: np.ndarray, view: Any) -> np.ndarray:
+    """The strided view (shape, element strides) of x's row-major data."""
+    flat = np.ascontiguousarray(x).reshape(-1)
+    return np.lib.stride_tricks.as_strided(
+        flat, tuple(view[0]), tuple(s * flat.itemsize for s in view[1]), writeable=False)
+
+
+def _bmm_ref(node: Node, x: list[Any]) -> list[np.ndarray]:
+    a, b = view_of(x[0], node.attrs["a_view"]), view_of(x[1], node.attrs["b_view"])
+    if a.dtype == np.int8:
+        return [np.matmul(a.astype(np.int32), b.astype(np.int32))]
+    y = np.matmul(a, b)
+    alpha = node.attrs.get("alpha", 1.0)
+    if alpha != 1.0:
+        y = y * np.float32(alpha)
+    return [y.astype(a.dtype)]
+
+
+_register("bmm", _bmm_infer, _bmm_ref)
+
+
 def _gemm_infer(node: Node) -> list[tuple[Shape, str]]:
     a, b = _req(node, 0, "a"), _req(node, 1, "b")
     bias = node.inputs[2] if len(node.inputs) > 2 else None
@@ -754,3 +809,53 @@ def _expand_infer(node: Node) -> list[tuple[Shape, str]]:
 
 _register("expand", _expand_infer,
           lambda n, x: [np.ascontiguousarray(np.broadcast_to(x[0], n.attrs["shape"]))])
+
+
+# --- masks: comparisons, logic, select --------------------------------------------------
+# Booleans are int8 tensors of 0 / 1 (the VA-1's masks); readers take nonzero as true.
+
+COMPARE_FNS = ("equal", "less", "greater", "less_equal", "greater_equal", "and", "or",
+               "xor", "not")
+_COMPARE_REF = {"equal": np.equal, "less": np.less, "greater": np.greater,
+                "less_equal": np.less_equal, "greater_equal": np.greater_equal,
+                "and": np.logical_and, "or": np.logical_or, "xor": np.logical_xor}
+
+
+def _compare_attrs(node: Node) -> None:
+    if node.attrs.get("fn") not in COMPARE_FNS:
+        raise _err(f"compare fn must be one of {', '.join(COMPARE_FNS)}, got "
+                   f"{node.attrs.get('fn')!r}")
+
+
+def _compare_infer(node: Node) -> list[tuple[Shape, str]]:
+    a = _req(node, 0, "a")
+    if node.attrs.get("fn") == "not":
+        return [(a.shape, "int8")]
+    b = _req(node, 1, "b")
+    _same_dtype(node)
+    return [(broadcast(a.shape, b.shape), "int8")]
+
+
+def _compare_ref(node: Node, x: list[Any]) -> list[np.ndarray]:
+    fn = node.attrs["fn"]
+    r = np.logical_not(x[0]) if fn == "not" else _COMPARE_REF[fn](x[0], x[1])
+    return [np.asarray(r).astype(np.int8)]
+
+
+_register("compare", _compare_infer, _compare_ref, _compare_attrs)
+
+
+def _select_infer(node: Node) -> list[tuple[Shape, str]]:
+    c, a, b = _req(node, 0, "cond"), _req(node, 1, "a"), _req(node, 2, "b")
+    if c.dtype != "int8":
+        raise _err(f"the condition is {c.dtype}, an int8 mask is needed")
+    if a.dtype != b.dtype:
+        raise _err(f"branches have different dtypes: {a.dtype} and {b.dtype}")
+    return [(broadcast(broadcast(c.shape, a.shape), b.shape), a.dtype)]
+
+
+def _select_ref(node: Node, x: list[Any]) -> list[np.ndarray]:
+    return [np.where(np.asarray(x[0]) != 0, x[1], x[2]).astype(x[1].dtype)]
+
+
+_register("select", _select_infer, _select_ref)

@@ -1,4 +1,4 @@
-"""VA-1 op kernels: GEMM (float and int8), ELEMENTWISE, CONV2D (im2col + matmul),
+"""VA-1 op kernels: GEMM (float and int8, batched), ELEMENTWISE, COMPARE, SELECT, CONV2D (im2col + matmul),
 SOFTMAX, LAYERNORM, REDUCE, QUANTIZE, DEQUANTIZE, strided COPY and the D2D move.
 
 Inputs are zero-copy views of device memory. Every kernel takes `budget`: the host bytes
@@ -20,7 +20,7 @@ from typing import Any, Callable
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from hwspec.isa import Activation, EltOp, ReduceOp
+from hwspec.isa import Activation, CmpOp, EltOp, ReduceOp
 
 from .activations import apply_activation, erf, gelu64, sigmoid64, silu64
 
@@ -150,6 +150,21 @@ def _gemm_i8_tile(a: np.ndarray, b: np.ndarray, c: np.ndarray, bias: np.ndarray 
     np.copyto(c, t32)
 
 
+def gemm_batched(a: np.ndarray, b: np.ndarray, c: np.ndarray, bias: np.ndarray | None, *,
+                 alpha: float, beta: float, activation: int, budget: int) -> None:
+    """GEMM_BATCHED: a [batch, m, k], b [batch, k, n], c [batch, m, n] (strided views);
+    each batch is exactly one GEMM (the same kernels, tiles and bits), one after the
+    other, each within the whole budget (batch is at most 65535: spec)."""
+    i8 = a.dtype == np.int8
+    for i in range(a.shape[0]):
+        if i8:
+            gemm_i8(a[i], b[i], c[i], bias, accumulate=beta == 1.0,
+                    relu=activation == Activation.RELU, budget=budget)
+        else:
+            gemm(a[i], b[i], c[i], bias, alpha=alpha, beta=beta, activation=activation,
+                 budget=budget)
+
+
 # --- pointwise ---------------------------------------------------------------------------
 
 _BINARY = {EltOp.ADD: np.add, EltOp.MUL: np.multiply, EltOp.SUB: np.subtract,
@@ -203,6 +218,35 @@ def _f32_pointwise(op: EltOp, a: np.ndarray, b: np.ndarray | None, out: np.ndarr
         else:
             y = _UNARY_F32[op](x)
         np.copyto(orows[i:i + step], y, casting="unsafe")
+
+
+_CMP = {CmpOp.EQUAL: np.equal, CmpOp.LESS: np.less, CmpOp.GREATER: np.greater,
+        CmpOp.LESS_EQUAL: np.less_equal, CmpOp.GREATER_EQUAL: np.greater_equal,
+        CmpOp.AND: np.logical_and, CmpOp.OR: np.logical_or, CmpOp.XOR: np.logical_xor}
+
+
+def compare(a: np.ndarray, b: np.ndarray | None, out: np.ndarray, *, op: int,
+            budget: int) -> None:
+    """out (I8) = 1 where `a op b` holds, else 0: one numpy ufunc writing its bool
+    result straight into the mask's bytes (no temporaries; NaN compares false, and is
+    true for the logic ops, as any nonzero)."""
+    mask = out.view(np.bool_)
+    if op == CmpOp.NOT:
+        np.logical_not(a, out=mask)
+    else:
+        assert b is not None
+        _CMP[CmpOp(op)](a, b, out=mask)   # b of shape [cols] broadcasts over rows
+
+
+def select(cond: np.ndarray, a: np.ndarray, b: np.ndarray, out: np.ndarray, *,
+           budget: int) -> None:
+    """out = a where cond != 0, else b, in chunks (each read whole before it is
+    written, so out may be any of the inputs in place); the bytes are moved as they
+    are (NaN and inf too)."""
+    step = max(1, budget // (2 * out.itemsize + 2))
+    for i in _chunks(out.size, step):
+        t = np.where(cond[i:i + step] != 0, a[i:i + step], b[i:i + step])
+        out[i:i + step] = t
 
 
 def quantize(x: np.ndarray, y: np.ndarray, *, scale: float, zero_point: int,
