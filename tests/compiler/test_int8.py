@@ -161,31 +161,34 @@ def test_cli_calibration_npy_and_feed_counts(tmp_path: Path,
     assert len(feeds) == 2 and feeds[1]["query"].shape == (6, 2)
 
 
-# Measured with the operators of the `models` branch merged: per-channel weight scales and
-# max-calibrated per-tensor activations give cosine 0.98 (ResNet-18), 0.82 (ResNet-50),
-# 0.98 (MobileNetV2), 0.86 (ShuffleNetV2), 0.97 (EfficientNet-B0) on these random-weight
-# fixtures, whose BatchNorms are calibrated to unit variance: such a net amplifies a small
-# perturbation layer after layer (ResNet-50's cosine falls steadily from 0.9997 after the
-# stem to 0.56 in layer4), so 8-bit rounding noise grows with depth. A known gap of the
-# issue's "Done when": strict xfail, so that fixing it shows.
-_INT8_GAP = "int8 error grows with depth in these random-weight CNNs (cosine < 0.99)"
-_INT8_CASES = ["mlp", *(pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=_INT8_GAP))
-                        if n in ("resnet18", "resnet50", "mobilenet_v2", "shufflenet_v2_x0_5",
-                                 "efficientnet_b0") else n for n in model_fixtures.CNNS)]
+# The seven CNNs' fixtures have random weights and BatchNorms calibrated to unit variance:
+# such a net amplifies a small perturbation layer after layer (ResNet-50: 1% noise at the
+# stem alone costs 3.5% cosine at the logits, at layer4 0.005%), and a new input's
+# activations often leave the calibration feeds' ranges (a deep 2x2 map has few values).
+# The compiler answers with asymmetric activations, headroom, and the accuracy fallback
+# that keeps the costliest layers in f32; PTQ also needs a calibration set like the
+# inputs it will see: the fixture input and seven more drawn like it.
+_CAL_FEEDS = 8
 
 
-@pytest.mark.parametrize("name", _INT8_CASES)
+@pytest.mark.parametrize("name", ["mlp", *model_fixtures.CNNS])
 def test_int8_fixture_keeps_cosine_to_f32(name: str) -> None:
-    """The real models' int8 versions (calibrated on their fixture input, checked on
-    another random input) keep cosine >= 0.99 to f32."""
+    """The real models' int8 versions (calibrated on their fixture input and seven more
+    random inputs, checked on another) keep cosine >= 0.99 to f32."""
     from userspace_runtime.onnx_import import import_model
     fx = model_fixtures.load(name)
     graph = import_model(str(fx.path))
-    cal = [fx.inputs]
     (inp, arr), = fx.inputs.items()
-    other = {inp: np.random.default_rng(9).standard_normal(arr.shape).astype(arr.dtype)}
+
+    def draw(seed: int) -> dict[str, np.ndarray]:
+        return {inp: np.random.default_rng(seed).standard_normal(arr.shape).astype(arr.dtype)}
+
+    cal = [fx.inputs, *(draw(100 + i) for i in range(_CAL_FEEDS - 1))]
     result = compile_graph(graph, options=CompileOptions(calibration=cal))
-    assert result.passes["quantize_int8"] >= 1
+    assert result.int8 is not None and result.int8.min_cosine == 0.995
+    assert result.passes["quantize_int8"] == len(result.int8.quantized) >= 1
+    assert result.int8.cosine is not None and result.int8.cosine >= 0.995
     assert all(q.cosine >= 0.99 for q in result.quantization), result.quantization
+    other = draw(9)
     for out, f32 in run_reference(graph, other).items():
         assert _cos(run_reference(result.graph, other)[out], f32) >= 0.99, out
