@@ -8,7 +8,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from userspace_runtime.compiler import CompileOptions, Target, compile_graph, run_reference
+from userspace_runtime.compiler import (
+    CompileOptions,
+    CompileResult,
+    Target,
+    compile_graph,
+    run_reference,
+)
 
 from . import models
 from .conftest import run_on_device
@@ -70,6 +76,82 @@ def test_quantization_error_is_empty_without_int8_and_exact_for_equal_graphs() -
     feeds = [{"x": np.random.default_rng(0).standard_normal((4, 16)).astype(np.float32)}]
     (q,) = quantization_error(g, g, feeds)
     assert q.cosine == pytest.approx(1.0) and q.max_rel_err == 0.0
+
+
+def test_activation_qparams_use_all_256_codes_and_keep_zero_exact() -> None:
+    from userspace_runtime.compiler._quant import activation_qparams
+    from userspace_runtime.compiler._ops import quantize_ref
+    s, zp = activation_qparams(0.0, 2.55)          # after a ReLU: unsigned
+    assert zp == -128 and s == pytest.approx(0.01)
+    s, zp = activation_qparams(-1.0, 1.0)          # symmetric: the zero point is 0
+    assert zp == 0 and s == pytest.approx(2 / 255)
+    s, zp = activation_qparams(0.5, 3.0)           # widened to hold 0: 0 stays exact
+    assert zp == -128 and quantize_ref(np.zeros(1, np.float32), s, zp)[0] == -128
+    assert activation_qparams(0.0, 0.0) == (1.0, 0)
+
+
+def test_relu_inputs_get_a_zero_point_and_padding_holds_it_on_the_device() -> None:
+    """A 3x3 conv after a ReLU: its input's zero point is -128, padding is filled with
+    it (a real 0) and the zero point's share is in the int32 bias; the device gives the
+    reference's int32 sums exactly, and the result is nearer f32 than symmetric int8."""
+    g = models.resnet_stage(hw=8, c=8, stem=False)
+    shape = (1, 8, 8, 8)
+    cal = [_image(s, shape) for s in (10, 11, 12)]
+    res = compile_graph(g, options=CompileOptions(calibration=cal, int8_min_cosine=None))
+    assert res.int8 is not None and res.int8.kept_f32 == [] and res.int8.cosine is None
+    padded = [n for n in res.graph.nodes if n.op == "conv2d" and n.attrs.get("pad_value")]
+    # the raw image is signed (a zero point near 0); the ReLU outputs' is -128
+    assert sum(n.attrs["pad_value"] == -128 for n in padded) >= 2
+    assert "(fill -128)" in res.disassembly
+    feeds = _image(13, shape)
+    out = run_on_device(res, feeds, int8=True)["logits"]
+    np.testing.assert_allclose(out, run_reference(res.graph, feeds)["logits"], rtol=0,
+                               atol=1e-6 * float(np.max(np.abs(out))))
+    assert _cos(out, run_reference(g, feeds)["logits"]) >= 0.999
+
+
+@pytest.mark.parametrize("pad_value, dtype, message", [
+    (200, "int8", "pad_value must be an int8 int"),
+    (1.5, "int8", "pad_value must be an int8 int"),
+    (3, "float32", "pad_value 3 is for int8 x"),
+])
+def test_conv_pad_value_mistakes(pad_value: object, dtype: str, message: str) -> None:
+    from userspace_runtime.compiler import Graph, GraphError
+    g = Graph("padv")
+    x = g.input("x", (1, 2, 4, 4), dtype=dtype)
+    w = g.constant(np.ones((2, 2, 3, 3), dtype))
+    with pytest.raises(GraphError, match=message):
+        g.conv2d(x, w, padding=(1, 1, 1, 1), pad_value=pad_value)
+
+
+def test_accuracy_fallback_keeps_the_costliest_layers_in_f32() -> None:
+    """A target the all-int8 graph misses: the fallback keeps layers in f32 (costliest
+    first) until each feed, scored with the other feeds' ranges, meets it; 1.0 keeps
+    every layer in f32; None quantizes all; a target outside 0 .. 1 is refused."""
+    from userspace_runtime.compiler import GraphError
+    g = models.resnet_stage(hw=8, c=8, stem=False)
+    shape = (1, 8, 8, 8)
+    cal = [_image(s, shape) for s in (20, 21, 22, 23)]
+
+    def comp(c: float | None) -> CompileResult:
+        return compile_graph(g, options=CompileOptions(calibration=cal, int8_min_cosine=c))
+
+    every = comp(None)
+    assert every.int8 is not None and len(every.int8.quantized) == 6
+    strict = comp(0.99999)
+    assert strict.int8 is not None and strict.int8.kept_f32 and strict.int8.quantized
+    assert strict.int8.cosine is not None and strict.int8.cosine >= 0.99999
+    assert set(strict.int8.kept_f32) | set(strict.int8.quantized) == set(every.int8.quantized)
+    assert strict.passes["quantize_int8"] == len(strict.int8.quantized)
+    f32_convs = [n.name for n in strict.graph.nodes if n.op in ("conv2d", "gemm")
+                 and n.inputs[0] is not None and n.inputs[0].dtype == "float32"]
+    assert set(strict.int8.kept_f32) <= set(f32_convs)
+    everything = comp(1.0)
+    assert everything.int8 is not None and everything.int8.quantized == []
+    assert everything.int8.cosine == 1.0 and "int8" not in everything.disassembly.lower()
+    for bad in (1.5, -0.1, float("nan")):
+        with pytest.raises(GraphError, match="min_cosine must be in 0 .. 1"):
+            comp(bad)
 
 
 # --- the CLI --------------------------------------------------------------------------
