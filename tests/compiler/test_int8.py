@@ -215,6 +215,67 @@ def test_cli_calibration_mistakes(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert not out.exists()
 
 
+def test_cli_int8_on_transformer_linear_layers_reports_layers_and_error(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """nn.TransformerEncoderLayer: its four linear layers (3-D matmuls made GEMMs) go
+    int8; the summary names the layers and the error against f32; the device result
+    stays near torch's."""
+    fx = model_fixtures.load("transformer_encoder_layer")
+    (inp, arr), = fx.inputs.items()
+    rng = np.random.default_rng(0)
+    cal = tmp_path / "cal.npz"
+    np.savez(cal, **{inp: np.concatenate([arr[None], rng.standard_normal((3, *arr.shape))
+                                          .astype(arr.dtype)])})
+    out = tmp_path / "tel8.vaelf"
+    base = ["compile", str(fx.path), "-o", str(out), "--int8", "--calibrate", str(cal)]
+    assert cli_main(base + ["--json", "-"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    layers = doc["int8_layers"]
+    assert len(layers["int8"]) == doc["passes"]["quantize_int8"] == 4 and layers["f32"] == []
+    assert layers["min_cosine"] == 0.995 and layers["worst_feed_cosine"] >= 0.995
+    (err,) = doc["int8_error"].values()
+    assert err["cosine"] >= 0.999 and 0 < err["max_rel_err"] < 0.05
+    assert cli_main(base) == 0
+    text = capsys.readouterr().out
+    assert "int8 layers" in text and "4 int8, 0 kept f32" in text
+    assert "int8 worst feed cosine" in text and "fallback target 0.995" in text
+    inputs = tmp_path / "in.npz"
+    np.savez(inputs, **fx.inputs)
+    assert cli_main(["run", str(out), "--inputs", str(inputs), "--out",
+                     str(tmp_path / "o.npz")]) == 0
+    capsys.readouterr()
+    with np.load(tmp_path / "o.npz") as z:
+        (name,) = z.files
+        assert _cos(z[name], fx.expected[name]) >= 0.999
+
+
+def test_cli_int8_min_cosine(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--int8-min-cosine 1 keeps every layer f32 (listed), 0 quantizes all; a value
+    outside 0 .. 1 or without --int8 is refused."""
+    fx = model_fixtures.load("mlp")
+    inputs = tmp_path / "in.npz"
+    np.savez(inputs, **fx.inputs)
+    out = tmp_path / "o.vaelf"
+    base = ["compile", str(fx.path), "-o", str(out)]
+    cal = ["--int8", "--calibrate", str(inputs)]
+    assert cli_main(base + cal + ["--int8-min-cosine", "1", "--json", "-"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["int8_layers"]["int8"] == [] and len(doc["int8_layers"]["f32"]) == 3
+    assert cli_main(base + cal + ["--int8-min-cosine", "1"]) == 0
+    text = capsys.readouterr().out
+    assert "0 int8, 3 kept f32" in text and text.count("int8 kept f32") == 3
+    assert cli_main(base + cal + ["--int8-min-cosine", "0", "--json", "-"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert len(doc["int8_layers"]["int8"]) == 3 and doc["int8_layers"]["min_cosine"] is None
+    for bad, message in (("1.5", "1.5 is outside 0 .. 1"), ("nan", "nan is outside 0 .. 1"),
+                         ("x", "'x' is not a number")):
+        out.unlink(missing_ok=True)
+        assert cli_main(base + cal + ["--int8-min-cosine", bad]) == 2
+        assert message in capsys.readouterr().err and not out.exists()
+    assert cli_main(base + ["--int8-min-cosine", "0.9"]) == 2
+    assert "--int8-min-cosine is for --int8" in capsys.readouterr().err and not out.exists()
+
+
 def test_cli_calibration_npy_and_feed_counts(tmp_path: Path,
                                              capsys: pytest.CaptureFixture[str]) -> None:
     np.save(tmp_path / "cal.npy", np.zeros((4, 64), np.float32))
