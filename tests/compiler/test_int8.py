@@ -8,7 +8,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from userspace_runtime.compiler import CompileOptions, Target, compile_graph, run_reference
+from userspace_runtime.compiler import (
+    CompileOptions,
+    CompileResult,
+    Target,
+    compile_graph,
+    run_reference,
+)
 
 from . import models
 from .conftest import run_on_device
@@ -72,6 +78,82 @@ def test_quantization_error_is_empty_without_int8_and_exact_for_equal_graphs() -
     assert q.cosine == pytest.approx(1.0) and q.max_rel_err == 0.0
 
 
+def test_activation_qparams_use_all_256_codes_and_keep_zero_exact() -> None:
+    from userspace_runtime.compiler._quant import activation_qparams
+    from userspace_runtime.compiler._ops import quantize_ref
+    s, zp = activation_qparams(0.0, 2.55)          # after a ReLU: unsigned
+    assert zp == -128 and s == pytest.approx(0.01)
+    s, zp = activation_qparams(-1.0, 1.0)          # symmetric: the zero point is 0
+    assert zp == 0 and s == pytest.approx(2 / 255)
+    s, zp = activation_qparams(0.5, 3.0)           # widened to hold 0: 0 stays exact
+    assert zp == -128 and quantize_ref(np.zeros(1, np.float32), s, zp)[0] == -128
+    assert activation_qparams(0.0, 0.0) == (1.0, 0)
+
+
+def test_relu_inputs_get_a_zero_point_and_padding_holds_it_on_the_device() -> None:
+    """A 3x3 conv after a ReLU: its input's zero point is -128, padding is filled with
+    it (a real 0) and the zero point's share is in the int32 bias; the device gives the
+    reference's int32 sums exactly, and the result is nearer f32 than symmetric int8."""
+    g = models.resnet_stage(hw=8, c=8, stem=False)
+    shape = (1, 8, 8, 8)
+    cal = [_image(s, shape) for s in (10, 11, 12)]
+    res = compile_graph(g, options=CompileOptions(calibration=cal, int8_min_cosine=None))
+    assert res.int8 is not None and res.int8.kept_f32 == [] and res.int8.cosine is None
+    padded = [n for n in res.graph.nodes if n.op == "conv2d" and n.attrs.get("pad_value")]
+    # the raw image is signed (a zero point near 0); the ReLU outputs' is -128
+    assert sum(n.attrs["pad_value"] == -128 for n in padded) >= 2
+    assert "(fill -128)" in res.disassembly
+    feeds = _image(13, shape)
+    out = run_on_device(res, feeds, int8=True)["logits"]
+    np.testing.assert_allclose(out, run_reference(res.graph, feeds)["logits"], rtol=0,
+                               atol=1e-6 * float(np.max(np.abs(out))))
+    assert _cos(out, run_reference(g, feeds)["logits"]) >= 0.999
+
+
+@pytest.mark.parametrize("pad_value, dtype, message", [
+    (200, "int8", "pad_value must be an int8 int"),
+    (1.5, "int8", "pad_value must be an int8 int"),
+    (3, "float32", "pad_value 3 is for int8 x"),
+])
+def test_conv_pad_value_mistakes(pad_value: object, dtype: str, message: str) -> None:
+    from userspace_runtime.compiler import Graph, GraphError
+    g = Graph("padv")
+    x = g.input("x", (1, 2, 4, 4), dtype=dtype)
+    w = g.constant(np.ones((2, 2, 3, 3), dtype))
+    with pytest.raises(GraphError, match=message):
+        g.conv2d(x, w, padding=(1, 1, 1, 1), pad_value=pad_value)
+
+
+def test_accuracy_fallback_keeps_the_costliest_layers_in_f32() -> None:
+    """A target the all-int8 graph misses: the fallback keeps layers in f32 (costliest
+    first) until each feed, scored with the other feeds' ranges, meets it; 1.0 keeps
+    every layer in f32; None quantizes all; a target outside 0 .. 1 is refused."""
+    from userspace_runtime.compiler import GraphError
+    g = models.resnet_stage(hw=8, c=8, stem=False)
+    shape = (1, 8, 8, 8)
+    cal = [_image(s, shape) for s in (20, 21, 22, 23)]
+
+    def comp(c: float | None) -> CompileResult:
+        return compile_graph(g, options=CompileOptions(calibration=cal, int8_min_cosine=c))
+
+    every = comp(None)
+    assert every.int8 is not None and len(every.int8.quantized) == 6
+    strict = comp(0.99999)
+    assert strict.int8 is not None and strict.int8.kept_f32 and strict.int8.quantized
+    assert strict.int8.cosine is not None and strict.int8.cosine >= 0.99999
+    assert set(strict.int8.kept_f32) | set(strict.int8.quantized) == set(every.int8.quantized)
+    assert strict.passes["quantize_int8"] == len(strict.int8.quantized)
+    f32_convs = [n.name for n in strict.graph.nodes if n.op in ("conv2d", "gemm")
+                 and n.inputs[0] is not None and n.inputs[0].dtype == "float32"]
+    assert set(strict.int8.kept_f32) <= set(f32_convs)
+    everything = comp(1.0)
+    assert everything.int8 is not None and everything.int8.quantized == []
+    assert everything.int8.cosine == 1.0 and "int8" not in everything.disassembly.lower()
+    for bad in (1.5, -0.1, float("nan")):
+        with pytest.raises(GraphError, match="min_cosine must be in 0 .. 1"):
+            comp(bad)
+
+
 # --- the CLI --------------------------------------------------------------------------
 
 onnx = pytest.importorskip("onnx", reason="the onnx extra is not installed")
@@ -133,6 +215,67 @@ def test_cli_calibration_mistakes(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert not out.exists()
 
 
+def test_cli_int8_on_transformer_linear_layers_reports_layers_and_error(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """nn.TransformerEncoderLayer: its four linear layers (3-D matmuls made GEMMs) go
+    int8; the summary names the layers and the error against f32; the device result
+    stays near torch's."""
+    fx = model_fixtures.load("transformer_encoder_layer")
+    (inp, arr), = fx.inputs.items()
+    rng = np.random.default_rng(0)
+    cal = tmp_path / "cal.npz"
+    np.savez(cal, **{inp: np.concatenate([arr[None], rng.standard_normal((3, *arr.shape))
+                                          .astype(arr.dtype)])})
+    out = tmp_path / "tel8.vaelf"
+    base = ["compile", str(fx.path), "-o", str(out), "--int8", "--calibrate", str(cal)]
+    assert cli_main(base + ["--json", "-"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    layers = doc["int8_layers"]
+    assert len(layers["int8"]) == doc["passes"]["quantize_int8"] == 4 and layers["f32"] == []
+    assert layers["min_cosine"] == 0.995 and layers["worst_feed_cosine"] >= 0.995
+    (err,) = doc["int8_error"].values()
+    assert err["cosine"] >= 0.999 and 0 < err["max_rel_err"] < 0.05
+    assert cli_main(base) == 0
+    text = capsys.readouterr().out
+    assert "int8 layers" in text and "4 int8, 0 kept f32" in text
+    assert "int8 worst feed cosine" in text and "fallback target 0.995" in text
+    inputs = tmp_path / "in.npz"
+    np.savez(inputs, **fx.inputs)
+    assert cli_main(["run", str(out), "--inputs", str(inputs), "--out",
+                     str(tmp_path / "o.npz")]) == 0
+    capsys.readouterr()
+    with np.load(tmp_path / "o.npz") as z:
+        (name,) = z.files
+        assert _cos(z[name], fx.expected[name]) >= 0.999
+
+
+def test_cli_int8_min_cosine(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--int8-min-cosine 1 keeps every layer f32 (listed), 0 quantizes all; a value
+    outside 0 .. 1 or without --int8 is refused."""
+    fx = model_fixtures.load("mlp")
+    inputs = tmp_path / "in.npz"
+    np.savez(inputs, **fx.inputs)
+    out = tmp_path / "o.vaelf"
+    base = ["compile", str(fx.path), "-o", str(out)]
+    cal = ["--int8", "--calibrate", str(inputs)]
+    assert cli_main(base + cal + ["--int8-min-cosine", "1", "--json", "-"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["int8_layers"]["int8"] == [] and len(doc["int8_layers"]["f32"]) == 3
+    assert cli_main(base + cal + ["--int8-min-cosine", "1"]) == 0
+    text = capsys.readouterr().out
+    assert "0 int8, 3 kept f32" in text and text.count("int8 kept f32") == 3
+    assert cli_main(base + cal + ["--int8-min-cosine", "0", "--json", "-"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert len(doc["int8_layers"]["int8"]) == 3 and doc["int8_layers"]["min_cosine"] is None
+    for bad, message in (("1.5", "1.5 is outside 0 .. 1"), ("nan", "nan is outside 0 .. 1"),
+                         ("x", "'x' is not a number")):
+        out.unlink(missing_ok=True)
+        assert cli_main(base + cal + ["--int8-min-cosine", bad]) == 2
+        assert message in capsys.readouterr().err and not out.exists()
+    assert cli_main(base + ["--int8-min-cosine", "0.9"]) == 2
+    assert "--int8-min-cosine is for --int8" in capsys.readouterr().err and not out.exists()
+
+
 def test_cli_calibration_npy_and_feed_counts(tmp_path: Path,
                                              capsys: pytest.CaptureFixture[str]) -> None:
     np.save(tmp_path / "cal.npy", np.zeros((4, 64), np.float32))
@@ -161,31 +304,34 @@ def test_cli_calibration_npy_and_feed_counts(tmp_path: Path,
     assert len(feeds) == 2 and feeds[1]["query"].shape == (6, 2)
 
 
-# Measured with the operators of the `models` branch merged: per-channel weight scales and
-# max-calibrated per-tensor activations give cosine 0.98 (ResNet-18), 0.82 (ResNet-50),
-# 0.98 (MobileNetV2), 0.86 (ShuffleNetV2), 0.97 (EfficientNet-B0) on these random-weight
-# fixtures, whose BatchNorms are calibrated to unit variance: such a net amplifies a small
-# perturbation layer after layer (ResNet-50's cosine falls steadily from 0.9997 after the
-# stem to 0.56 in layer4), so 8-bit rounding noise grows with depth. A known gap of the
-# issue's "Done when": strict xfail, so that fixing it shows.
-_INT8_GAP = "int8 error grows with depth in these random-weight CNNs (cosine < 0.99)"
-_INT8_CASES = ["mlp", *(pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=_INT8_GAP))
-                        if n in ("resnet18", "resnet50", "mobilenet_v2", "shufflenet_v2_x0_5",
-                                 "efficientnet_b0") else n for n in model_fixtures.CNNS)]
+# The seven CNNs' fixtures have random weights and BatchNorms calibrated to unit variance:
+# such a net amplifies a small perturbation layer after layer (ResNet-50: 1% noise at the
+# stem alone costs 3.5% cosine at the logits, at layer4 0.005%), and a new input's
+# activations often leave the calibration feeds' ranges (a deep 2x2 map has few values).
+# The compiler answers with asymmetric activations, headroom, and the accuracy fallback
+# that keeps the costliest layers in f32; PTQ also needs a calibration set like the
+# inputs it will see: the fixture input and seven more drawn like it.
+_CAL_FEEDS = 8
 
 
-@pytest.mark.parametrize("name", _INT8_CASES)
+@pytest.mark.parametrize("name", ["mlp", *model_fixtures.CNNS])
 def test_int8_fixture_keeps_cosine_to_f32(name: str) -> None:
-    """The real models' int8 versions (calibrated on their fixture input, checked on
-    another random input) keep cosine >= 0.99 to f32."""
+    """The real models' int8 versions (calibrated on their fixture input and seven more
+    random inputs, checked on another) keep cosine >= 0.99 to f32."""
     from userspace_runtime.onnx_import import import_model
     fx = model_fixtures.load(name)
     graph = import_model(str(fx.path))
-    cal = [fx.inputs]
     (inp, arr), = fx.inputs.items()
-    other = {inp: np.random.default_rng(9).standard_normal(arr.shape).astype(arr.dtype)}
+
+    def draw(seed: int) -> dict[str, np.ndarray]:
+        return {inp: np.random.default_rng(seed).standard_normal(arr.shape).astype(arr.dtype)}
+
+    cal = [fx.inputs, *(draw(100 + i) for i in range(_CAL_FEEDS - 1))]
     result = compile_graph(graph, options=CompileOptions(calibration=cal))
-    assert result.passes["quantize_int8"] >= 1
+    assert result.int8 is not None and result.int8.min_cosine == 0.995
+    assert result.passes["quantize_int8"] == len(result.int8.quantized) >= 1
+    assert result.int8.cosine is not None and result.int8.cosine >= 0.995
     assert all(q.cosine >= 0.99 for q in result.quantization), result.quantization
+    other = draw(9)
     for out, f32 in run_reference(graph, other).items():
         assert _cos(run_reference(result.graph, other)[out], f32) >= 0.99, out

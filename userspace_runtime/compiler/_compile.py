@@ -12,7 +12,7 @@ from hwspec import va1
 from .. import codeobject as co
 from ._ir import Graph, GraphError, Node, Value
 from ._lower import lower
-from ._quant import QuantError
+from ._quant import Int8Report, QuantError
 from ._passes import (
     eliminate_dead_code,
     fold_batchnorm,
@@ -40,6 +40,11 @@ class CompileOptions:
     # int8 post-training quantization: calibration feeds ({input name: array} each);
     # None keeps the graph in float.
     calibration: Sequence[Mapping[str, Any]] | None = None
+    # int8 accuracy fallback: layers stay f32 (costliest first) until every calibration
+    # feed's output cosine to f32 (each feed scored with ranges from the others) is at
+    # least this; the margin above 0.99 is for inputs the calibration did not see.
+    # None quantizes every layer it can.
+    int8_min_cosine: float | None = 0.995
 
 
 @dataclass
@@ -55,6 +60,8 @@ class CompileResult:
     disassembly: str = ""
     # int8 PTQ: each output's error against the f32 graph on the calibration feeds
     quantization: list[QuantError] = field(default_factory=list)
+    # int8 PTQ: the layers put in int8 and those the accuracy fallback kept in f32
+    int8: Int8Report | None = None
 
     def write(self, path: str) -> None:
         with open(path, "wb") as f:
@@ -168,6 +175,7 @@ def compile_graph(graph: Graph, target: Target | None = None,
     g = graph.clone()
     report: dict[str, int] = {}
     quant_error: list[QuantError] = []
+    int8: Int8Report | None = None
     infer_shapes(g)
     _check_fits(g, target)
     if opts.fold_constants:
@@ -182,7 +190,8 @@ def compile_graph(graph: Graph, target: Target | None = None,
         report["fuse_epilogues"] = fuse_epilogues(g, opts.fuse_activations)
     if opts.calibration is not None:
         from ._quant import quantization_error, quantize_int8
-        report["quantize_int8"] = quantize_int8(g, opts.calibration)
+        int8 = quantize_int8(g, opts.calibration, opts.int8_min_cosine)
+        report["quantize_int8"] = len(int8.quantized)
         quant_error = quantization_error(graph, g, opts.calibration)  # the caller's f32 graph
     if opts.fold_views:
         report["fold_matmul_views"] = fold_matmul_views(g)
@@ -231,7 +240,8 @@ def compile_graph(graph: Graph, target: Target | None = None,
     data = co.write(obj)
     from ..commands import disassemble
     return CompileResult(data, g, report, low.workspace_size, len(low.const),
-                         len(low.names), disassemble(low.text, names=low.names), quant_error)
+                         len(low.names), disassemble(low.text, names=low.names), quant_error,
+                         int8)
 
 
 def feature_bits(features: Sequence[str]) -> int:

@@ -196,11 +196,14 @@ class Graph:
     def conv2d(self, x: Value, w: Value, bias: Value | None = None, *,
                stride: Sequence[int] = (1, 1), padding: Sequence[int] = (0, 0, 0, 0),
                dilation: Sequence[int] = (1, 1), groups: int = 1,
-               activation: str | None = None, name: str | None = None) -> Value:
-        """NCHW convolution, OIHW weights; padding (top, left, bottom, right)."""
+               activation: str | None = None, pad_value: int = 0,
+               name: str | None = None) -> Value:
+        """NCHW convolution, OIHW weights; padding (top, left, bottom, right), which holds
+        `pad_value` (an int8 x's zero point; 0 otherwise)."""
+        extra = {"pad_value": pad_value} if pad_value != 0 else {}
         return self._one("conv2d", [x, w, bias], name, stride=tuple(stride),
                          padding=tuple(padding), dilation=tuple(dilation), groups=int(groups),
-                         activation=activation)
+                         activation=activation, **extra)
 
     def add(self, a: Value, b: Value, *, name: str | None = None) -> Value:
         return self._one("add", [a, b], name)

@@ -945,8 +945,11 @@ class Lowerer:
         src, Hp, Wp = self.ref(x), H, W
         if lay.pad_bytes:
             Hp, Wp = H + pt + pb, W + pl + pr
-            self.em.cmd(Opcode.FILL, {"dst": tmp, "size": _align(N * C * Hp * Wp, 4)},
-                        name=f"{n.name}: zero padded input")
+            zp = at.get("pad_value", 0)   # the input's zero point: a real 0
+            self.em.cmd(Opcode.FILL, {"dst": tmp, "size": _align(N * C * Hp * Wp, 4),
+                                      "pattern": (zp & 0xFF) * 0x01010101},
+                        name=f"{n.name}: {'zero ' if not zp else ''}padded input"
+                             + (f" (fill {zp})" if zp else ""))
             self.copy(DType.I8, src, tmp.at(pt * Wp + pl), (N, C, H, W),
                       contiguous_strides((N, C, H, W)), (C * Hp * Wp, Hp * Wp, Wp, 1),
                       f"{n.name}: pad input")

@@ -1,101 +1,147 @@
 """Optional int8 post-training quantization (PTQ) from calibration data.
 
 Every gemm / conv2d with constant f32 weights becomes
-    quantize(x, sx) -> int8 gemm/conv (int32 accumulate, int32 bias, relu kept)
+    quantize(x, sx, zx) -> int8 gemm/conv (int32 accumulate, int32 bias, relu kept)
     -> dequantize(., sx * max(sw)) [-> mul by sw / max(sw) per output channel]
-with symmetric scales: sx per tensor, from the largest |x| the calibration feeds produce
-at that operand; sw per output channel, from that channel's weights (BatchNorm folding
-leaves channels of very different ranges: one scale for all cost real CNNs their
-accuracy). Other ops stay f32.
+Activations are asymmetric: sx and the zero point zx map the range the calibration
+feeds produce at that operand (widened to hold 0) onto all 256 int8 codes, so a ReLU
+output [0, m] gets m / 255 steps instead of the m / 127 a symmetric scale gives it; the
+zero point's share of every sum (zx * the weights' sum) is folded into the int32 bias,
+and a padded int8 conv pads with zx (a real 0). Weights are symmetric per output
+channel (BatchNorm folding leaves channels of very different ranges). Other ops stay f32.
+
+Mixed precision: when the quantized graph's cosine to f32 on the calibration feeds is
+below `min_cosine`, the layers whose quantization costs most (each measured alone) are
+kept in f32, the fewest that meet it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ._ir import Graph, GraphError, Node
+from . import _ops
+from ._ir import Graph, GraphError, Node, Value
 from ._passes import _run, reference_run
 
 _QMAX = 127.0
+# Activation ranges are the calibration feeds' widened by this much: a new input's range
+# often exceeds them (measured on the fixture CNNs, whose deep 2x2 maps have few values
+# per tensor), and clipping costs more than the coarser step.
+HEADROOM = 1.25
 
 
 def _scale(maxabs: float) -> float:
     return float(maxabs) / _QMAX if maxabs > 0 else 1.0
 
 
-def quantize_int8(g: Graph, calibration: Sequence[Mapping[str, Any]]) -> int:
-    """Rewrite `g` in place; returns how many gemm/conv2d nodes were quantized."""
-    if not calibration:
-        raise GraphError("int8 quantization needs at least one calibration feed")
-    targets = [n for n in g.nodes if n.op in ("gemm", "conv2d")
-               and n.inputs[0] is not None and n.inputs[0].dtype == "float32"
-               and n.inputs[1] is not None and n.inputs[1].is_const
-               and (len(n.inputs) < 3 or n.inputs[2] is None or n.inputs[2].is_const)
-               and n.attrs.get("activation") in (None, "relu")
-               and not (n.op == "gemm" and n.attrs.get("trans_a"))
-               and not (n.op == "conv2d" and n.attrs.get("groups", 1) != 1)]
-    maxabs: dict[int, float] = {}
-    for feeds in calibration:
-        env = _run(g, feeds)
-        for n in targets:
-            x = n.inputs[0]
-            assert x is not None
-            a = x.const if x.const is not None else env[id(x)]
-            maxabs[id(n)] = max(maxabs.get(id(n), 0.0), float(np.max(np.abs(a))))
+def activation_qparams(lo: float, hi: float) -> tuple[float, int]:
+    """(scale, zero point) mapping [min(lo, 0), max(hi, 0)] onto int8's 256 codes (0 is
+    exact: ReLU zeros and conv padding stay 0)."""
+    lo, hi = min(float(lo), 0.0), max(float(hi), 0.0)
+    if hi - lo <= 0:
+        return 1.0, 0
+    s = (hi - lo) / 255.0
+    zp = int(np.clip(round(-128.0 - lo / s), -128, 127))
+    return s, zp
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """One layer's int8 form, computed once (the fallback rewrites many candidates)."""
+
+    sx: float
+    zx: int
+    wq: np.ndarray
+    bias: np.ndarray        # int32 per output channel (zero point folded in)
+    top: float              # the largest weight scale
+    chscale: np.ndarray | None   # sw / top per output channel, None when all equal
+
+
+def _targets(g: Graph) -> list[Node]:
+    return [n for n in g.nodes if n.op in ("gemm", "conv2d")
+            and n.inputs[0] is not None and n.inputs[0].dtype == "float32"
+            and n.inputs[1] is not None and n.inputs[1].is_const
+            and (len(n.inputs) < 3 or n.inputs[2] is None or n.inputs[2].is_const)
+            and n.attrs.get("activation") in (None, "relu")
+            and not (n.op == "gemm" and n.attrs.get("trans_a"))
+            and not (n.op == "conv2d" and n.attrs.get("groups", 1) != 1)]
+
+
+def _plan(n: Node, lo: float, hi: float) -> _Plan:
+    x, w = n.inputs[0], n.inputs[1]
+    assert x is not None and w is not None and w.const is not None
+    bias = n.inputs[2] if len(n.inputs) > 2 else None
+    sx, zx = activation_qparams(lo, hi)
+    wf = w.const.astype(np.float64)
+    if n.op == "gemm":
+        wf = wf * n.attrs.get("alpha", 1.0)
+    # per output channel: conv weights' rows (K, C, R, S); gemm B's columns (or rows
+    # when transposed)
+    if n.op == "conv2d":
+        peak = np.max(np.abs(wf).reshape(wf.shape[0], -1), axis=1)
+        wshape: tuple[int, ...] = (-1, 1, 1, 1)
+        red: tuple[int, ...] = (1, 2, 3)
+    elif n.attrs.get("trans_b"):
+        peak, wshape, red = np.max(np.abs(wf), axis=1), (-1, 1), (1,)
+    else:
+        peak, wshape, red = np.max(np.abs(wf), axis=0), (1, -1), (0,)
+    sw = np.array([_scale(float(p)) for p in peak])
+    wq = np.clip(np.rint(wf / sw.reshape(wshape)), -127, 127).astype(np.int8)
+    bf = np.zeros(len(sw))
+    if bias is not None:
+        assert bias.const is not None
+        bf = np.broadcast_to(bias.const, bias.shape).astype(np.float64).reshape(-1)
+        if n.op == "gemm":
+            bf = bf * n.attrs.get("beta", 1.0)
+    bq = np.rint(bf / (sx * sw)) - zx * wq.astype(np.int64).sum(axis=red)
+    if np.max(np.abs(bq)) >= 2 ** 31:
+        raise GraphError(f"node {n.name}: int8 bias does not fit int32 (scale {sx:g})")
+    top = float(np.max(sw))
+    cs = None if np.all(sw == top) else (sw / top).astype(np.float32)
+    return _Plan(sx, zx, wq, bq.astype(np.int32), top, cs)
+
+
+def _rewrite(g: Graph, plans: Mapping[str, _Plan], keep: frozenset[str]) -> int:
+    """Put every planned node not in `keep` into int8, in place; returns how many."""
     count = 0
     new_nodes: list[Node] = []
     for n in g.nodes:
-        if n not in targets:
+        p = plans.get(n.name)
+        if p is None or n.name in keep:
             new_nodes.append(n)
             continue
         x, w = n.inputs[0], n.inputs[1]
-        assert x is not None and w is not None and w.const is not None
-        bias = n.inputs[2] if len(n.inputs) > 2 else None
-        sx = _scale(maxabs[id(n)])
-        wf = w.const.astype(np.float64)
-        if n.op == "gemm":
-            wf = wf * n.attrs.get("alpha", 1.0)
-        # per output channel: conv weights' rows (K, C, R, S); gemm B's columns (or
-        # rows when transposed)
-        if n.op == "conv2d":
-            peak = np.max(np.abs(wf).reshape(wf.shape[0], -1), axis=1)
-            wshape: tuple[int, ...] = (-1, 1, 1, 1)
-        elif n.attrs.get("trans_b"):
-            peak, wshape = np.max(np.abs(wf), axis=1), (-1, 1)
-        else:
-            peak, wshape = np.max(np.abs(wf), axis=0), (1, -1)
-        sw = np.array([_scale(float(p)) for p in peak])
-        wq = np.clip(np.rint(wf / sw.reshape(wshape)), -127, 127).astype(np.int8)
-        xq = Node("quantize", [x], [], {"scale": sx, "zero_point": 0}, g.unique(f"{n.name}_q"))
-        from ._ir import Value
-        xq.outputs = [Value(g.unique(f"{n.name}_xq"), x.shape, "int8", producer=xq)]
+        assert x is not None and w is not None
+        xq = Node("quantize", [x], [], {"scale": p.sx, "zero_point": p.zx},
+                  g.unique(f"{n.name}_q"))
+        xq.outputs = [Value(g.unique(f"{n.name}_xq"), x.shape, "int8", producer=xq,
+                            quant=(p.sx, p.zx))]
         new_nodes.append(xq)
         n.inputs[0] = xq.outputs[0]
-        n.inputs[1] = g.constant(wq, name=f"{w.name}_q")
-        if bias is not None:
-            bf = np.broadcast_to(bias.const, bias.shape).astype(np.float64)  # type: ignore[arg-type]
-            if n.op == "gemm":
-                bf = bf * n.attrs.get("beta", 1.0)
-            n.inputs[2] = g.constant(np.rint(bf / (sx * sw)).astype(np.int32),
-                                     name=f"{bias.name}_q")
+        n.inputs[1] = g.constant(p.wq, name=f"{w.name}_q")
+        if np.any(p.bias) or len(n.inputs) > 2:
+            bname = f"{n.name}_bias_q"
+            if len(n.inputs) > 2 and n.inputs[2] is not None:
+                bname = f"{n.inputs[2].name}_q"
+            b = g.constant(p.bias, name=bname)
+            n.inputs = [n.inputs[0], n.inputs[1], b]
         if n.op == "gemm":
             n.attrs["alpha"], n.attrs["beta"] = 1.0, 1.0
+        if n.op == "conv2d" and p.zx and any(n.attrs["padding"]):
+            n.attrs["pad_value"] = p.zx
         y = n.outputs[0]
         yq = Value(g.unique(f"{y.name}_i32"), y.shape, "int32", producer=n)
         n.outputs = [yq]
         new_nodes.append(n)
-        top = float(np.max(sw))
-        per_channel = not np.all(sw == top)
-        yd = Value(g.unique(f"{y.name}_dq"), y.shape, "float32") if per_channel else y
-        dq = Node("dequantize", [yq], [yd], {"scale": sx * top, "zero_point": 0},
+        yd = Value(g.unique(f"{y.name}_dq"), y.shape, "float32") if p.chscale is not None else y
+        dq = Node("dequantize", [yq], [yd], {"scale": p.sx * p.top, "zero_point": 0},
                   g.unique(f"{n.name}_dq"))
         yd.producer = dq
         new_nodes.append(dq)
-        if per_channel:   # then each channel times its own scale / the largest
-            cs = (sw / top).astype(np.float32)
-            cs = cs.reshape((-1, 1, 1)) if n.op == "conv2d" else cs
+        if p.chscale is not None:   # then each channel times its own scale / the largest
+            cs = p.chscale.reshape((-1, 1, 1)) if n.op == "conv2d" else p.chscale
             mul = Node("mul", [yd, g.constant(cs, name=f"{w.name}_chscale")], [y], {},
                        g.unique(f"{n.name}_chscale"))
             y.producer = mul
@@ -103,6 +149,127 @@ def quantize_int8(g: Graph, calibration: Sequence[Mapping[str, Any]]) -> int:
         count += 1
     g.nodes = new_nodes
     return count
+
+
+@dataclass
+class Int8Report:
+    """What quantize_int8 did: the layers put in int8 and those kept in f32 by the
+    accuracy fallback (graph node names, in graph order), its target, and the worst
+    cosine to f32 it measured (over outputs and calibration feeds, each feed with the
+    ranges of the others when there are several); None without a fallback."""
+
+    quantized: list[str] = field(default_factory=list)
+    kept_f32: list[str] = field(default_factory=list)
+    min_cosine: float | None = None
+    cosine: float | None = None
+
+
+def _cosine(ref: np.ndarray, got: np.ndarray) -> float:
+    norm = float(np.linalg.norm(ref) * np.linalg.norm(got))
+    return float(np.dot(ref, got) / norm) if norm > 0 else float(np.array_equal(ref, got))
+
+
+class _Scorer:
+    """The worst cosine, over outputs and calibration feeds, of candidate graphs (one
+    per feed) against the f32 graph; the f32 values are kept per feed, so a candidate
+    whose first k nodes are the f32 graph's starts at node k."""
+
+    def __init__(self, g: Graph, feeds: Sequence[Mapping[str, Any]]) -> None:
+        self.envs = [dict((v.name, a) for v, a in _named(g, _run(g, f))) for f in feeds]
+        self.outs = [o.name for o in g.outputs]
+        self.index = {n.name: i for i, n in enumerate(g.nodes)}
+
+    def score(self, graphs: Sequence[Graph], start: int = 0) -> float:
+        worst = 1.0
+        for g, env0 in zip(graphs, self.envs):
+            env = dict(env0) if start else {v.name: env0[v.name] for v in g.inputs}
+            for n in g.nodes[start:]:
+                ins = [None if v is None else v.const if v.is_const else env[v.name]
+                       for v in n.inputs]
+                for v, a in zip(n.outputs, _ops.evaluate(n, ins)):
+                    env[v.name] = np.asarray(a, dtype=v.dtype).reshape(v.shape)
+            for o in self.outs:
+                worst = min(worst, _cosine(np.asarray(env0[o], np.float64).ravel(),
+                                           np.asarray(env[o], np.float64).ravel()))
+        return worst
+
+
+def _named(g: Graph, env: Mapping[int, np.ndarray]) -> list[tuple[Value, np.ndarray]]:
+    vals = [*g.inputs, *(o for n in g.nodes for o in n.outputs)]
+    if len({v.name for v in vals}) != len(vals):
+        raise GraphError(f"graph {g.name}: value names are not unique")
+    return [(v, env[id(v)]) for v in vals]
+
+
+def quantize_int8(g: Graph, calibration: Sequence[Mapping[str, Any]],
+                  min_cosine: float | None = None) -> Int8Report:
+    """Rewrite `g` in place. With `min_cosine`, layers are kept in f32 (most costly
+    first, a layer's cost = 1 - cosine with it alone in int8) until the worst output's
+    cosine to `g`'s f32 outputs is >= min_cosine on every calibration feed, each feed
+    scored with the ranges of the other feeds (as an input the calibration did not see;
+    with one feed, its own)."""
+    if not calibration:
+        raise GraphError("int8 quantization needs at least one calibration feed")
+    if min_cosine is not None and not 0.0 <= min_cosine <= 1.0:   # NaN too
+        raise GraphError(f"int8 min_cosine must be in 0 .. 1, got {min_cosine!r}")
+    targets = _targets(g)
+    names = [n.name for n in targets]
+    # each target input's (min, max) on each feed
+    seen: list[dict[str, tuple[float, float]]] = []
+    for feeds in calibration:
+        env = _run(g, feeds)
+        seen.append({})
+        for n in targets:
+            x = n.inputs[0]
+            assert x is not None
+            a = x.const if x.const is not None else env[id(x)]
+            seen[-1][n.name] = (float(np.min(a)), float(np.max(a)))
+
+    def plans_from(feeds: Sequence[int]) -> dict[str, _Plan]:
+        h = HEADROOM
+        return {n.name: _plan(n, h * min(seen[i][n.name][0] for i in feeds),
+                              h * max(seen[i][n.name][1] for i in feeds)) for n in targets}
+
+    every = range(len(calibration))
+    plans = plans_from(every)
+    keep: frozenset[str] = frozenset()
+    report = Int8Report(min_cosine=min_cosine)
+    if min_cosine is not None and targets:
+        scorer = _Scorer(g, calibration)
+        # scored on each feed with ranges from the others (held out, as a new input
+        # would be) when there are several
+        held = [plans] if len(calibration) == 1 else \
+            [plans_from([j for j in every if j != i]) for i in every]
+
+        def cos_with(kept: frozenset[str], start: int = 0) -> float:
+            graphs = []
+            for p in held:
+                c = g.clone()
+                _rewrite(c, p, kept)
+                graphs.append(c)
+            return scorer.score(graphs, start)
+
+        report.cosine = cos_with(keep)
+        if report.cosine < min_cosine:
+            everyone = frozenset(names)
+            cost = {nm: 1.0 - cos_with(everyone - {nm}, scorer.index[nm]) for nm in names}
+            order = sorted(names, key=lambda nm: -cost[nm])
+            # the fewest costliest layers in f32 that meet min_cosine (binary search:
+            # keeping more layers in f32 does not, in practice, make it worse)
+            lo_k, hi_k, best = 0, len(order), 1.0
+            while hi_k - lo_k > 1:
+                mid = (lo_k + hi_k) // 2
+                c = cos_with(frozenset(order[:mid]))
+                if c >= min_cosine:
+                    hi_k, best = mid, c
+                else:
+                    lo_k = mid
+            keep = frozenset(order[:hi_k])
+            report.cosine = best if hi_k < len(order) else 1.0
+    _rewrite(g, plans, keep)
+    report.quantized = [nm for nm in names if nm not in keep]
+    report.kept_f32 = [nm for nm in names if nm in keep]
+    return report
 
 
 @dataclass(frozen=True)
@@ -130,9 +297,7 @@ def quantization_error(f32: Graph, int8: Graph, feeds: Sequence[Mapping[str, Any
     out = []
     for name in ref:
         r, q = np.concatenate(ref[name]), np.concatenate(got[name])
-        norm = float(np.linalg.norm(r) * np.linalg.norm(q))
-        cos = float(np.dot(r, q) / norm) if norm > 0 else float(np.array_equal(r, q))
         peak = float(np.max(np.abs(r))) if r.size else 0.0
         diff = float(np.max(np.abs(q - r))) if r.size else 0.0
-        out.append(QuantError(name, cos, diff / peak if peak > 0 else diff))
+        out.append(QuantError(name, _cosine(r, q), diff / peak if peak > 0 else diff))
     return out

@@ -40,6 +40,20 @@ def integer(what: str, lo: int, hi: int) -> Callable[[str], int]:
     return parse
 
 
+def fraction(what: str) -> Callable[[str], float]:
+    """An argparse type: a finite decimal number in 0 .. 1."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not 0.0 <= value <= 1.0:   # NaN fails this too
+            raise argparse.ArgumentTypeError(f"{text.strip()} is outside 0 .. 1")
+        return value
+    parse.__name__ = what
+    return parse
+
+
 seed = integer("seed", 0, SEED_MAX)
 """Every verb's `--seed`: 0 .. 2**64-1, decimal or hex, one message for one mistake."""
 

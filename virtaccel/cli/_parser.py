@@ -10,7 +10,7 @@ import sys
 from typing import Any, NoReturn, Sequence
 
 from ..errors import VirtaccelError
-from ._args import integer, seed
+from ._args import fraction, integer, seed
 
 HANDLER = "handler"
 
@@ -118,6 +118,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--calibrate", default=None, metavar="IN.npz",
                    help=".npz with one array per graph input: its shape (one feed) or "
                         "[N, *shape] (N feeds)")
+    p.add_argument("--int8-min-cosine", type=fraction("--int8-min-cosine"), default=None,
+                   metavar="C",
+                   help="keep the costliest layers in f32 until each calibration feed's "
+                        "cosine to f32 is >= C, 0 .. 1 (default 0.995; 0 quantizes every "
+                        "layer it can)")
     _json(p, "the summary")
 
     p = _verb(sub, "run", ".run:cli", "run a code object (.vaelf) or an ONNX model in a VM")

@@ -16,10 +16,13 @@ if TYPE_CHECKING:
 
 
 def compile_model(path: str, target: "Target | None" = None,
-                  calibrate: str | None = None) -> "CompileResult":
+                  calibrate: str | None = None,
+                  int8_min_cosine: float | None = None) -> "CompileResult":
     """Compile an ONNX file; every way it can be unusable is a CliError naming the file
     (a missing file, not protobuf, not a graph the compiler takes, no onnx extra).
-    `calibrate`: an .npz of calibration inputs; the graph is then quantized to int8."""
+    `calibrate`: an .npz of calibration inputs; the graph is then quantized to int8,
+    keeping layers in f32 down to `int8_min_cosine` (None: the compiler's default; 0:
+    every layer it can in int8)."""
     from userspace_runtime.compiler import CompileOptions, GraphError, compile_graph
     try:
         from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
@@ -38,6 +41,8 @@ def compile_model(path: str, target: "Target | None" = None,
         options = None
         if calibrate is not None:
             options = CompileOptions(calibration=calibration_feeds(calibrate, graph))
+            if int8_min_cosine is not None:
+                options.int8_min_cosine = int8_min_cosine or None
         return compile_graph(graph, target, options)
     except DecodeError as e:
         raise CliError(f"{path}: not an ONNX model (protobuf: {e})") from None
@@ -90,6 +95,21 @@ def calibration_feeds(path: str, graph: "Graph") -> "list[dict[str, np.ndarray]]
     return [{k: arrays[k][i] for k in names} for i in range(n)]
 
 
+def _int8_rows(result: "CompileResult") -> list[tuple[str, object]]:
+    """The mixed-precision part of the summary: how many layers are int8, which stayed
+    f32 and why."""
+    r = result.int8
+    if r is None:
+        return []
+    rows: list[tuple[str, object]] = [
+        ("int8 layers", f"{len(r.quantized)} int8, {len(r.kept_f32)} kept f32")]
+    if r.min_cosine is not None:
+        rows.append(("int8 worst feed cosine", f"{r.cosine:.6f} (fallback target "
+                                               f"{r.min_cosine:g})"))
+    rows += [("int8 kept f32", name) for name in r.kept_f32]
+    return rows
+
+
 def cli(args: argparse.Namespace) -> int:
     from userspace_runtime.compiler import Target
 
@@ -106,7 +126,9 @@ def cli(args: argparse.Namespace) -> int:
                        "graph input)")
     if args.calibrate is not None and not args.int8:
         raise CliError("--calibrate is for --int8 (add --int8 to quantize)")
-    result = compile_model(args.model, target, args.calibrate)
+    if args.int8_min_cosine is not None and not args.int8:
+        raise CliError("--int8-min-cosine is for --int8 (add --int8 --calibrate IN.npz)")
+    result = compile_model(args.model, target, args.calibrate, args.int8_min_cosine)
     try:
         result.write(args.output)
     except OSError as e:
@@ -118,6 +140,10 @@ def cli(args: argparse.Namespace) -> int:
     if args.int8:
         doc["int8_error"] = {q.output: {"cosine": q.cosine, "max_rel_err": q.max_rel_err}
                              for q in result.quantization}
+        if result.int8 is not None:
+            doc["int8_layers"] = {"int8": result.int8.quantized, "f32": result.int8.kept_f32,
+                                  "min_cosine": result.int8.min_cosine,
+                                  "worst_feed_cosine": result.int8.cosine}
     if args.json is not None:
         write_json(args.json, doc)
     if wants_json_on_stdout(args.json):
@@ -131,6 +157,7 @@ def cli(args: argparse.Namespace) -> int:
         *((f"pass {name}", n) for name, n in result.passes.items()),
         *((f"int8 vs f32 {q.output}", f"cosine {q.cosine:.6f}, max rel err "
            f"{q.max_rel_err:.4g}") for q in result.quantization),
+        *_int8_rows(result),
     ])
     if args.json and args.json != "-":
         print(f"wrote {args.json}")
