@@ -160,3 +160,29 @@ def test_a_128_mib_weight_needs_no_second_copy() -> None:
     g.output(g.matmul(x, g.constant(np.zeros((4096, 8192), F32))))
     r = compile_graph(g, Target(device_memory_size=192 << 20))
     assert r.const_bytes == 128 << 20 and r.workspace_bytes < 1 << 20
+
+
+@pytest.mark.parametrize("mode", ["edge", "reflect", "wrap"])
+def test_pad_modes_run_on_the_device_as_gathers(mode: str) -> None:
+    """Pad's edge / reflect / wrap modes become one GATHER per padded axis and match
+    numpy's pad on the device; a reflect pad as long as its axis is refused by name."""
+    from userspace_runtime.onnx_import import import_model
+    pads = [0, 2, 1, 3]   # axis 0: 0 before, 1 after; axis 1: 2 before, 3 after
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 5])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 10])
+    p = helper.make_tensor("p", TensorProto.INT64, [4], pads)
+    node = helper.make_node("Pad", ["x", "p"], ["y"], mode=mode, name="pad")
+    model = helper.make_model(helper.make_graph([node], "g", [x], [y], [p]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    data = np.arange(15, dtype=np.float32).reshape(3, 5)
+    result = compile_onnx(model)
+    ops = [nd.op for nd in result.graph.nodes]
+    assert ops.count("gather") == 2 and "pad" not in ops
+    got = run_on_device(result, {"x": data})["y"]
+    assert np.array_equal(got, np.pad(data, ((0, 1), (2, 3)), mode=mode))
+    if mode == "reflect":
+        bad = helper.make_tensor("p", TensorProto.INT64, [4], [0, 5, 0, 0])
+        model = helper.make_model(helper.make_graph([node], "g", [x], [y], [bad]),
+                                  opset_imports=[helper.make_opsetid("", 17)])
+        with pytest.raises(OnnxImportError, match="reflect padding of 5"):
+            import_model(model)

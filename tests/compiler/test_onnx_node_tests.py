@@ -69,8 +69,7 @@ EXCLUDED: dict[str, str] = {
     **{n: "MaxPool's Indices output (argmax positions)" for n in (
         "test_maxpool_with_argmax_2d_precomputed_pads",
         "test_maxpool_with_argmax_2d_precomputed_strides")},
-    **{n: "Pad modes other than constant (edge, reflect, wrap)" for n in (
-        "test_edge_pad", "test_reflect_pad", "test_wrap_pad")},
+
     **{n: "empty tensors (a zero-size shape, slice or split part)" for n in (
         "test_constantofshape_int_shape_zero", "test_slice_start_out_of_bounds",
         "test_shape_start_greater_than_end",

@@ -987,8 +987,8 @@ def _pad(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value]
     a = _attrs(n)
     mode = a.get("mode", b"constant")
     mode = mode.decode() if isinstance(mode, bytes) else mode
-    if mode != "constant":
-        raise im.fail(f"mode {mode!r}: only 'constant' padding is supported")
+    if mode not in ("constant", "edge", "reflect", "wrap"):
+        raise im.fail(f"mode {mode!r}: one of constant, edge, reflect, wrap")
     r = len(inp.shape)
     if len(x) > 1 and x[1] is not None:
         pads = [int(v) for v in im.const(x[1], "the pads operand").reshape(-1)]
@@ -1014,8 +1014,38 @@ def _pad(im: _Importer, n: onnx.NodeProto, x: list[Value | None]) -> list[Value]
         full = [max(0, p) for p in full]
     if not any(full):
         return [im.g.reshape(y, y.shape, name=n.name or None)]
+    if mode != "constant":
+        return [_pad_by_index(im, n, y, full, mode)]
     return [im.g.add_node("pad", [y], {"pads": tuple(full), "value": value},
                           name=n.name or None)[0]]
+
+
+def _pad_by_index(im: _Importer, n: onnx.NodeProto, y: Value, full: list[int],
+                  mode: str) -> Value:
+    """edge / reflect / wrap padding: each padded axis is one GATHER of the source
+    positions the padded positions copy (clamped, mirrored without the edge, or modulo),
+    so no new instruction is needed."""
+    r = len(y.shape)
+    for ax in range(r):
+        before, after = full[ax], full[ax + r]
+        if not before and not after:
+            continue
+        d = y.shape[ax]
+        pos = np.arange(-before, d + after)
+        if mode == "edge":
+            idx = np.clip(pos, 0, d - 1)
+        elif mode == "wrap":
+            idx = pos % d
+        else:
+            if d < 2 or before >= d or after >= d:
+                raise im.fail(f"reflect padding of {before}+{after} on an axis of {d} "
+                              f"elements (each pad must be less than the axis)")
+            idx = np.abs(pos)
+            idx = np.where(idx >= d, 2 * (d - 1) - idx, idx)
+        c = im.constant(idx.astype(np.int32), f"{n.name or 'pad'}_{mode}_idx{ax}")
+        y = im.g.add_node("gather", [y, c], {"axis": ax},
+                          name=(f"{n.name}_{ax}" if n.name else None))[0]
+    return y
 
 
 @_op("Expand", (2, 2))
