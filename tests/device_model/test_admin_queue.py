@@ -8,6 +8,8 @@ import dm_sriov as S
 import pytest
 from dm_sriov import Card
 
+from device_model import Va1Config
+
 MIB = S.MIB
 POOL = 64 * MIB - 8 * MIB                      # Card(): 64 MiB card, 8 MiB for the PF
 
@@ -254,3 +256,33 @@ def test_config_generation_moves_when_resources_set_changes_a_vfs_config() -> No
     vf.bar_write(0, VP.COMMON_STATUS, 1, 0)
     vf.function_level_reset()
     assert gen(2) == (before[1] + 2) & 0xFF
+
+
+def test_ring_reset_of_the_admin_queue_with_a_command_in_flight() -> None:
+    """RING_RESET of the admin queue while a command is in flight (spec §4.7,
+    queue/reset-busy): NEEDS_RESET with the rule named, the command never answered from
+    the old ring; after a device reset the admin queue works again."""
+    from device_model.va1.config import DEFAULT_VIRTIO_FEATURES
+    from dm_pci_driver import QSEL
+    from hwspec import virtio as V
+    from hwspec.virtio_pci import COMMON_Q_RESET
+    c = Card(Va1Config(virtio_features=DEFAULT_VIRTIO_FEATURES | 1 << V.F_RING_RESET))
+    pf = c.pf
+    assert pf.offered() >> V.F_RING_RESET & 1
+    pf.use_all()
+    hdr = struct.pack("<HH12sQ", S.RES_GET, S.GROUP_SRIOV, b"", 1)
+    resp = pf.alloc.alloc(8 + 40, 8)
+    pf.admin.add([(pf.put(hdr, 8), len(hdr), False), (resp, 48, True)])
+    pf.kick(pf.adm_index)                      # taken by the device, not yet answered
+    before = len(pf.fn.violations)
+    pf.w16(QSEL, pf.adm_index)
+    pf.w16(COMMON_Q_RESET, 1)
+    assert [v.rule for v in pf.fn.violations[before:]] == ["queue/reset-busy"]
+    assert pf.c8(S.DSTATUS) & V.STATUS_DEVICE_NEEDS_RESET
+    c.clock.run()
+    assert pf.admin.pop_used() is None         # the dropped command is not answered
+    pf.init()                                  # status 0, then the whole bring-up again
+    assert not pf.c8(S.DSTATUS) & V.STATUS_DEVICE_NEEDS_RESET
+    pf.use_all()
+    st, q, res = pf.admin_cmd(S.LIST_QUERY, result_len=8)
+    assert (st, q) == (0, 0) and int.from_bytes(res, "little") == 0b11
