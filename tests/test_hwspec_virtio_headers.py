@@ -3,11 +3,11 @@ installed linux/virtio_ring.h, virtio_config.h, virtio_pci.h and virtio_mmio.h,
 compiled with the C compiler (the VFIO header test's pattern). A constant an older
 header does not define is skipped by name, with the reason."""
 import os
-import shutil
-import subprocess
 from struct import calcsize
 
 import pytest
+
+from header_probe import c_compiler, run_probe
 
 from hwspec import virtio as V
 from hwspec import virtio_mmio as R
@@ -54,9 +54,7 @@ def kernel(tmp_path_factory):
     missing = [h for h in HEADERS if not os.path.exists(f"/usr/include/{h}")]
     if missing:
         pytest.skip(f"{', '.join(missing)} not installed: nothing to compare with")
-    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    if cc is None:
-        pytest.skip("no C compiler (cc, gcc or clang) to read the headers' values with")
+    c_compiler()
     lines = ["#include <stdio.h>", "#include <stddef.h>"]
     lines += [f"#include <{h}>" for h in HEADERS]
     lines.append("int main(void) {")
@@ -70,17 +68,8 @@ def kernel(tmp_path_factory):
             lines.append(f'  printf("fieldsize {s} {f} %zu\\n", '
                          f'sizeof(((struct {s} *)0)->{f}));')
     lines += ["  return 0;", "}"]
-    d = tmp_path_factory.mktemp("virtio_h")
-    (d / "probe.c").write_text("\n".join(lines) + "\n")
-    r = subprocess.run([cc, "-std=gnu11", "-o", str(d / "probe"), str(d / "probe.c")],
-                       capture_output=True, text=True)
-    assert r.returncode == 0, f"probe against the virtio headers does not compile:\n{r.stderr}"
-    out = subprocess.run([str(d / "probe")], capture_output=True, text=True, check=True).stdout
-    values = {}
-    for line in out.splitlines():
-        key, _, value = line.rpartition(" ")
-        values[key] = int(value)
-    return values
+    values = run_probe(lines, tmp_path_factory.mktemp("virtio_h"), "the virtio headers")
+    return {k: int(v) for k, v in values.items()}
 
 
 @pytest.mark.parametrize("name", sorted(CONSTANTS))

@@ -21,7 +21,7 @@ from hwspec import virtio as V
 from ..ports import DmaFault, DmaPort
 from .in_order import UsedOrder
 from .queue import Queue
-from .ring import Descriptor, DescriptorChain, RingError
+from .ring import Descriptor, DescriptorChain, RingError, ring_read, ring_write
 
 _U64 = 1 << 64
 _DESC = struct.Struct(V.PACKED_DESC.format)
@@ -73,23 +73,8 @@ class PackedRing:
 
     # --- ring memory ---------------------------------------------------------------------
 
-    @staticmethod
-    def _read(dma: DmaPort, addr: int, length: int, what: str) -> bytes:
-        if addr + length > _U64:
-            raise RingError("ring/addr-overflow", f"{what} at {addr:#x}+{length} overflows")
-        try:
-            return dma.read(addr, length)
-        except DmaFault as e:
-            raise RingError("ring/dma", f"{what}: {e}") from None
-
-    @staticmethod
-    def _write(dma: DmaPort, addr: int, data: bytes, what: str) -> None:
-        if addr + len(data) > _U64:
-            raise RingError("ring/addr-overflow", f"{what} at {addr:#x} overflows")
-        try:
-            dma.write(addr, data)
-        except DmaFault as e:
-            raise RingError("ring/dma", f"{what}: {e}") from None
+    _read = staticmethod(ring_read)
+    _write = staticmethod(ring_write)
 
     def check_rings(self, dma: DmaPort) -> None:
         """The descriptor ring and both event structures must be backed (ring/dma)."""

@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from ..errors import DeviceModelError
-from ..ports import DmaPort
+from ..ports import DmaFault, DmaPort
+
+_U64 = 1 << 64
 
 
 class RingError(DeviceModelError):
@@ -81,6 +83,27 @@ class DescriptorChain:
         for addr, off, n in plan:
             dma.write(addr, mv[off:off + n])
         return pos
+
+
+def ring_read(dma: DmaPort, addr: int, length: int, what: str) -> bytes:
+    """Ring memory read by either layout: a range past 2^64 or a DMA fault is a RingError
+    (ring/addr-overflow, ring/dma) naming `what`."""
+    if addr + length > _U64:
+        raise RingError("ring/addr-overflow", f"{what} at {addr:#x}+{length} overflows")
+    try:
+        return dma.read(addr, length)
+    except DmaFault as e:
+        raise RingError("ring/dma", f"{what}: {e}") from None
+
+
+def ring_write(dma: DmaPort, addr: int, data: bytes, what: str) -> None:
+    """Ring memory write by either layout (errors as ring_read's)."""
+    if addr + len(data) > _U64:
+        raise RingError("ring/addr-overflow", f"{what} at {addr:#x} overflows")
+    try:
+        dma.write(addr, data)
+    except DmaFault as e:
+        raise RingError("ring/dma", f"{what}: {e}") from None
 
 
 class DeviceRing(Protocol):

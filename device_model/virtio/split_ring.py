@@ -16,7 +16,7 @@ from ..ports import DmaFault, DmaPort
 from ..testing_breaks import BREAKS
 from .in_order import UsedOrder
 from .queue import Queue
-from .ring import Descriptor, DescriptorChain, RingError
+from .ring import Descriptor, DescriptorChain, RingError, ring_read, ring_write
 
 _U64 = 1 << 64
 _DESC_FMT = V.DESC.format
@@ -57,23 +57,8 @@ class SplitRing:
 
     # --- ring memory helpers ---------------------------------------------------------
 
-    @staticmethod
-    def _read(dma: DmaPort, addr: int, length: int, what: str) -> bytes:
-        if addr + length > _U64:
-            raise RingError("ring/addr-overflow", f"{what} at {addr:#x}+{length} overflows")
-        try:
-            return dma.read(addr, length)
-        except DmaFault as e:
-            raise RingError("ring/dma", f"{what}: {e}") from None
-
-    @staticmethod
-    def _write(dma: DmaPort, addr: int, data: bytes, what: str) -> None:
-        if addr + len(data) > _U64:
-            raise RingError("ring/addr-overflow", f"{what} at {addr:#x} overflows")
-        try:
-            dma.write(addr, data)
-        except DmaFault as e:
-            raise RingError("ring/dma", f"{what}: {e}") from None
+    _read = staticmethod(ring_read)
+    _write = staticmethod(ring_write)
 
     def check_rings(self, dma: DmaPort) -> None:
         """All three ring areas must be backed (ring/dma) before any is used."""

@@ -4,11 +4,11 @@ every enum value of the vdpa family and every struct layout the project uses."""
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 from typing import Any
 
 import pytest
+
+from header_probe import c_compiler, run_probe
 
 from vmm.vdpa import uapi
 
@@ -40,9 +40,7 @@ def kernel(tmp_path_factory: Any) -> dict[str, str]:
     missing = [h for h in HEADERS if not os.path.exists(h)]
     if missing:
         pytest.skip(f"{', '.join(missing)} not installed: nothing to compare with")
-    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    if cc is None:
-        pytest.skip("no C compiler (cc, gcc or clang) to read the headers' values with")
+    c_compiler()
     lines = ["#include <stdio.h>", "#include <stddef.h>", "#include <linux/vhost.h>",
              "#include <linux/vdpa.h>", "int main(void) {"]
     for n in MACROS:
@@ -60,17 +58,7 @@ def kernel(tmp_path_factory: Any) -> dict[str, str]:
                 lines.append(f'  printf("fieldsize {s} {f} %zu\\n", '
                              f'sizeof(((struct {s} *)0)->{f}));')
     lines += ["  return 0;", "}"]
-    d = tmp_path_factory.mktemp("vhost_h")
-    (d / "probe.c").write_text("\n".join(lines) + "\n")
-    r = subprocess.run([cc, "-std=gnu11", "-o", str(d / "probe"), str(d / "probe.c")],
-                       capture_output=True, text=True)
-    assert r.returncode == 0, f"probe against {HEADERS} does not compile:\n{r.stderr}"
-    out = subprocess.run([str(d / "probe")], capture_output=True, text=True, check=True).stdout
-    values = {}
-    for line in out.splitlines():
-        key, _, value = line.rpartition(" ")
-        values[key] = value
-    return values
+    return run_probe(lines, tmp_path_factory.mktemp("vhost_h"), HEADERS)
 
 
 @pytest.mark.parametrize("name", MACROS)

@@ -1,9 +1,9 @@
 """vmm.vfio.uapi against the installed linux/vfio.h, compiled with the C compiler."""
 import os
-import shutil
-import subprocess
 
 import pytest
+
+from header_probe import c_compiler, run_probe
 
 from vmm.vfio import uapi
 
@@ -31,9 +31,7 @@ def kernel(tmp_path_factory):
     """{key: value} printed by a C program built against the installed header."""
     if not os.path.exists(HEADER):
         pytest.skip(f"{HEADER} is not installed: nothing to compare with")
-    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    if cc is None:
-        pytest.skip("no C compiler (cc, gcc or clang) to read the header's values with")
+    c_compiler()
     lines = ["#include <stdio.h>", "#include <stddef.h>", "#include <linux/ioctl.h>",
              "#include <linux/vfio.h>", "int main(void) {"]
     for n in CONSTANTS:
@@ -53,17 +51,7 @@ def kernel(tmp_path_factory):
                     lines.append(f'  printf("fieldsize {s} {f} %zu\\n", '
                              f'sizeof(((struct {s} *)0)->{f}));')
     lines += ["  return 0;", "}"]
-    d = tmp_path_factory.mktemp("vfio_h")
-    (d / "probe.c").write_text("\n".join(lines) + "\n")
-    r = subprocess.run([cc, "-std=gnu11", "-o", str(d / "probe"), str(d / "probe.c")],
-                       capture_output=True, text=True)
-    assert r.returncode == 0, f"probe against {HEADER} does not compile:\n{r.stderr}"
-    out = subprocess.run([str(d / "probe")], capture_output=True, text=True, check=True).stdout
-    values = {}
-    for line in out.splitlines():
-        key, _, value = line.rpartition(" ")
-        values[key] = value
-    return values
+    return run_probe(lines, tmp_path_factory.mktemp("vfio_h"), HEADER)
 
 
 @pytest.mark.parametrize("name", CONSTANTS)
