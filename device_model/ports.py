@@ -38,6 +38,17 @@ class DmaPort(Protocol):
         """A writable zero-copy uint8 view of host memory; raises DmaFault."""
         ...
 
+    # Optional (looked up with getattr; the VMM's emulated-attachment port has them):
+    # view_epoch: int
+    #     Changes whenever views handed out by ring_view may no longer be used.
+    # def ring_view(self, iova: int, length: int) -> memoryview | None:
+    #     A byte view of [iova, iova+length) that ring fields may be read and written
+    #     through, in place of read/write, while view_epoch is unchanged; None when the
+    #     port wants every access (a range not all backed, a fault plan watching). The
+    #     range behind a view is backed for as long as it is valid.
+    # def probe_view(self, iova: int, length: int) -> None:
+    #     Raises the DmaFault view() would, without making the view.
+
 
 class Timer(Protocol):
     def cancel(self) -> None: ...

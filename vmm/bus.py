@@ -87,20 +87,26 @@ class MmioBus:
         self.unclaimed.append(UnclaimedAccess(addr, size, write, value, reason))
 
     def read(self, addr: int, size: int) -> int:
+        return self.read_in(self.find(addr, size), addr, size)
+
+    def write(self, addr: int, size: int, value: int) -> None:
+        self.write_in(self.find(addr, size), addr, size, value)
+
+    def read_in(self, region: Region | None, addr: int, size: int) -> int:
+        """read() with `region` = find(addr, size) already looked up by the caller."""
         if size not in ACCESS_SIZES:
             self._unclaimed(addr, size, False, 0, f"access size {size} is not 1, 2, 4 or 8")
             return (1 << 64) - 1
-        region = self.find(addr, size)
         if region is None:
             self._unclaimed(addr, size, False, 0, "no region")
             return (1 << (8 * size)) - 1
         return region.handler.read(addr - region.base, size) & ((1 << (8 * size)) - 1)
 
-    def write(self, addr: int, size: int, value: int) -> None:
+    def write_in(self, region: Region | None, addr: int, size: int, value: int) -> None:
+        """write() with `region` = find(addr, size) already looked up by the caller."""
         if size not in ACCESS_SIZES:
             self._unclaimed(addr, size, True, value, f"access size {size} is not 1, 2, 4 or 8")
             return
-        region = self.find(addr, size)
         if region is None:
             self._unclaimed(addr, size, True, value, "no region")
             return

@@ -21,16 +21,37 @@ class DmaFaultHook(Protocol):
 
 
 class GuestDma:
-    fault_hook: DmaFaultHook | None = None   # None unless a fault plan is installed
-
     def __init__(self, memory: GuestMemory) -> None:
         self.memory = memory
         self.bytes_read = 0
         self.bytes_written = 0
+        self._hook: DmaFaultHook | None = None
+        # ring_view()s stay valid while this is unchanged (device_model.ports.DmaPort)
+        self.view_epoch = 0
+
+    @property
+    def fault_hook(self) -> DmaFaultHook | None:
+        """None unless a fault plan is installed; installing one ends every ring view,
+        since the plan must see every access."""
+        return self._hook
+
+    @fault_hook.setter
+    def fault_hook(self, hook: DmaFaultHook | None) -> None:
+        self._hook = hook
+        self.view_epoch += 1
+
+    def ring_view(self, iova: int, length: int) -> memoryview | None:
+        """[iova, iova+length) of guest RAM as a byte view for ring fields, or None while a
+        fault plan watches DMA or when the range is not all RAM. Guest RAM stays where it
+        is for the VM's life, so the view is valid until view_epoch changes. Accesses
+        through it are not counted in bytes_read/bytes_written."""
+        if self._hook is not None or not self.memory.contains(iova, length):
+            return None
+        return self.memory.bytes_view(iova, length)
 
     def _injected(self, iova: int, length: int, reads: bool, writes: bool) -> None:
-        assert self.fault_hook is not None
-        reason = self.fault_hook.dma(iova, length, reads, writes)
+        assert self._hook is not None
+        reason = self._hook.dma(iova, length, reads, writes)
         if reason is not None:
             raise DmaFault(iova, length, writes, reason)
 
@@ -49,7 +70,7 @@ class GuestDma:
     # and leave the reasons to _check.
 
     def read(self, iova: int, length: int) -> bytes:
-        if self.fault_hook is not None:
+        if self._hook is not None:
             self._injected(iova, length, True, False)
         mem = self.memory
         if length < 0 or iova < mem.base or iova + length > mem.base + mem.size:
@@ -62,7 +83,7 @@ class GuestDma:
             n = len(data)
         else:
             n = data.nbytes if isinstance(data, np.ndarray) else len(memoryview(data).cast("B"))
-        if self.fault_hook is not None:
+        if self._hook is not None:
             self._injected(iova, n, False, True)
         mem = self.memory
         if iova < mem.base or iova + n > mem.base + mem.size:
@@ -71,7 +92,7 @@ class GuestDma:
         mem.write(iova, data)
 
     def view(self, iova: int, length: int) -> np.ndarray:
-        if self.fault_hook is not None:
+        if self._hook is not None:
             self._injected(iova, length, True, True)
         mem = self.memory
         if length < 0 or iova < mem.base or iova + length > mem.base + mem.size:

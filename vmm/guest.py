@@ -34,17 +34,15 @@ class GuestMmio:
         self.exits = 0
         self.direct_accesses = 0
 
-    def _charge(self, addr: int, size: int) -> bool:
-        region = self._bus.find(addr, size)
-        if region is not None and region.direct:
-            self.direct_accesses += 1
-            return False
-        self.exits += 1
-        return True
-
     def read(self, addr: int, size: int) -> int:
-        exit_ = self._charge(addr, size)
-        value = self._bus.read(addr, size)
+        bus = self._bus
+        region = bus.find(addr, size)
+        exit_ = region is None or not region.direct
+        if exit_:
+            self.exits += 1
+        else:
+            self.direct_accesses += 1
+        value = bus.read_in(region, addr, size)
         self._trace.emit("mmio_read", addr=addr, size=size, value=value, exit=exit_)
         if exit_:
             self._machine.charge(self.exit_cost_ns if self.fault_hook is None
@@ -52,9 +50,15 @@ class GuestMmio:
         return value
 
     def write(self, addr: int, size: int, value: int) -> None:
-        exit_ = self._charge(addr, size)
+        bus = self._bus
+        region = bus.find(addr, size)
+        exit_ = region is None or not region.direct
+        if exit_:
+            self.exits += 1
+        else:
+            self.direct_accesses += 1
         self._trace.emit("mmio_write", addr=addr, size=size, value=value, exit=exit_)
-        self._bus.write(addr, size, value)
+        bus.write_in(region, addr, size, value)
         if exit_:
             self._machine.charge(self.exit_cost_ns if self.fault_hook is None
                                  else self.exit_cost_ns + self.fault_hook.exit_delay_ns(addr, size))

@@ -73,6 +73,11 @@ class GuestMemory:
         off = self._offset(gpa, length)
         return self._ram[off:off + length]
 
+    def bytes_view(self, gpa: int, length: int) -> memoryview:
+        """A writable byte memoryview of [gpa, gpa+length) (checked once, here)."""
+        off = self._offset(gpa, length)
+        return self._mv[off:off + length]
+
     def read(self, gpa: int, length: int) -> bytes:
         off = gpa - self.base
         if length < 0 or off < 0 or off + length > self.size:

@@ -33,7 +33,8 @@ class Timer:
         self.cancelled = True
 
     def __lt__(self, other: "Timer") -> bool:
-        return (self.when, self.seq) < (other.when, other.seq)
+        w, o = self.when, other.when
+        return w < o or (w == o and self.seq < other.seq)
 
 
 class Scheduler:
@@ -106,13 +107,21 @@ class Scheduler:
     def run_until_time(self, when: int) -> None:
         """Run every event due at or before `when`, then set the clock to `when`."""
         outer = self._until
-        self._until = when if outer is None else min(outer, when)
+        self._until = when if outer is None or when < outer else outer
+        heap = self._heap
+        pop = heapq.heappop
         try:
-            while True:
-                nxt = self.next_event_ns()
-                if nxt is None or nxt > when:
+            while heap:  # run_next() inlined: the earliest live event, if due
+                timer = heap[0]
+                if timer.cancelled:
+                    pop(heap)
+                    continue
+                if timer.when > when:
                     break
-                self.run_next()
+                pop(heap)
+                self._now = timer.when
+                self.events_run += 1
+                timer.callback()
         finally:
             self._until = outer
         if when > self._now:

@@ -8,8 +8,7 @@ the negotiated features.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from ..errors import DeviceModelError
 from ..ports import DmaFault, DmaPort
@@ -26,21 +25,29 @@ class RingError(DeviceModelError):
         self.message = message
 
 
-@dataclass(frozen=True)
-class Descriptor:
-    """One buffer of a chain, after the chain was checked."""
+class Descriptor(NamedTuple):
+    """One buffer of a chain, after the chain was checked (a tuple: one is made per
+    buffer of every request)."""
     addr: int
     length: int
     write: bool
 
 
-@dataclass
 class DescriptorChain:
     """A checked request: readable buffers, then writable ones."""
-    head: int
-    readable: list[Descriptor] = field(default_factory=list)
-    writable: list[Descriptor] = field(default_factory=list)
-    ring: object | None = None   # the ring that gave it out (a RING_RESET makes another)
+
+    __slots__ = ("head", "readable", "writable", "ring")
+
+    def __init__(self, head: int, readable: list[Descriptor] | None = None,
+                 writable: list[Descriptor] | None = None, ring: object | None = None) -> None:
+        self.head = head
+        self.readable: list[Descriptor] = [] if readable is None else readable
+        self.writable: list[Descriptor] = [] if writable is None else writable
+        self.ring = ring   # the ring that gave it out (a RING_RESET makes another)
+
+    def __repr__(self) -> str:
+        return (f"DescriptorChain(head={self.head}, readable={self.readable}, "
+                f"writable={self.writable})")
 
     @property
     def readable_len(self) -> int:

@@ -20,6 +20,11 @@ from .ring import Descriptor, DescriptorChain, RingError, ring_read, ring_write
 
 _U64 = 1 << 64
 _DESC_FMT = V.DESC.format
+_DESC_UNPACK = struct.Struct(_DESC_FMT).unpack
+_DESC_FROM = struct.Struct(_DESC_FMT).unpack_from
+_U16_FROM = struct.Struct("<H").unpack_from
+_U16_INTO = struct.Struct("<H").pack_into
+_USED_ELEM_INTO = struct.Struct(V.USED_ELEM.format).pack_into
 _DESC_SIZE = V.DESC.size
 _USED_ELEM_FMT = V.USED_ELEM.format
 _USED_ELEM_SIZE = V.USED_ELEM.size
@@ -49,6 +54,22 @@ class SplitRing:
         self._signalled_used = 0
         self._order = UsedOrder() if in_order else None
         self._next_desc = 0     # IN_ORDER: the descriptor the next chain must start at
+        # Fixed while the ring lives: the areas check_rings probes and the offsets of
+        # the fields read and written on every request.
+        self._areas = (
+            (self.desc_table, V.desc_table_size(self.size), "descriptor table"),
+            (self.avail_ring, V.avail_ring_size(self.size), "driver area"),
+            (self.used_ring, V.used_ring_size(self.size), "device area"))
+        self._avail_idx_at = self.avail_ring + 2
+        self._avail_elems_at = self.avail_ring + V.AVAIL_HEADER
+        self._used_event_at = self.avail_ring + V.AVAIL_HEADER + V.AVAIL_ELEM * self.size
+        self._avail_event_at = self.used_ring + V.USED_HEADER + _USED_ELEM_SIZE * self.size
+        self._used_elems_at = self.used_ring + V.USED_HEADER
+        self._lo = min(a for a, _, _ in self._areas)
+        self._span = max(a + n for a, n, _ in self._areas) - self._lo
+        self._mem: memoryview | None = None   # see _ring_mem
+        self._mem_dma: object = None
+        self._mem_epoch = -1
 
     @staticmethod
     def alignment_ok(queue: Queue) -> bool:
@@ -62,14 +83,11 @@ class SplitRing:
 
     def check_rings(self, dma: DmaPort) -> None:
         """All three ring areas must be backed (ring/dma) before any is used."""
-        for addr, size, what in (
-                (self.desc_table, V.desc_table_size(self.size), "descriptor table"),
-                (self.avail_ring, V.avail_ring_size(self.size), "driver area"),
-                (self.used_ring, V.used_ring_size(self.size), "device area")):
+        probe = getattr(dma, "probe_view", None)  # view()'s check, no view
+        for addr, size, what in self._areas:
             if addr + size > _U64:
                 raise RingError("ring/addr-overflow", f"{what} at {addr:#x} overflows")
             try:
-                probe = getattr(dma, "probe_view", None)  # view()'s check, no view
                 if probe is not None:
                     probe(addr, size)
                 else:
@@ -78,21 +96,19 @@ class SplitRing:
                 raise RingError("ring/dma", f"{what}: {e}") from None
 
     def avail_idx(self, dma: DmaPort) -> int:
-        return int.from_bytes(self._read(dma, self.avail_ring + 2, 2, "avail.idx"), "little")
+        return int.from_bytes(self._read(dma, self._avail_idx_at, 2, "avail.idx"), "little")
 
     def avail_flags(self, dma: DmaPort) -> int:
         return int.from_bytes(self._read(dma, self.avail_ring, 2, "avail.flags"), "little")
 
     def used_event(self, dma: DmaPort) -> int:
-        off = self.avail_ring + V.AVAIL_HEADER + V.AVAIL_ELEM * self.size
-        return int.from_bytes(self._read(dma, off, 2, "used_event"), "little")
+        return int.from_bytes(self._read(dma, self._used_event_at, 2, "used_event"), "little")
 
     def publish_avail_event(self, dma: DmaPort) -> None:
         """EVENT_IDX: tell the driver the next available index the device will read."""
         if self.event_idx:
-            off = self.used_ring + V.USED_HEADER + _USED_ELEM_SIZE * self.size
-            self._write(dma, off, (self.last_avail_idx & 0xFFFF).to_bytes(2, "little"),
-                        "avail_event")
+            self._write(dma, self._avail_event_at,
+                        (self.last_avail_idx & 0xFFFF).to_bytes(2, "little"), "avail_event")
 
     def pending(self, dma: DmaPort) -> int:
         """Chains the driver made available that the device has not read (checked)."""
@@ -103,18 +119,36 @@ class SplitRing:
                             f"{self.size})")
         return n
 
+    def _ring_mem(self, dma: DmaPort) -> memoryview | None:
+        """The three ring areas as one byte view (offset 0 = `_lo`), while the port
+        vouches for it (ports.DmaPort's optional ring_view and view_epoch); None: every
+        access goes through read/write, each checked. A view is only handed out for
+        memory that is backed for good, so check_rings holds while it is valid."""
+        epoch = getattr(dma, "view_epoch", None)
+        if epoch is None:
+            return None
+        if self._mem_dma is dma and self._mem_epoch == epoch:
+            return self._mem
+        mem = None
+        if self._lo + self._span <= _U64:
+            mem = dma.ring_view(self._lo, self._span)  # type: ignore[attr-defined]
+        self._mem, self._mem_dma, self._mem_epoch = mem, dma, epoch
+        return mem
+
     # --- popping ---------------------------------------------------------------------
 
     def pop(self, dma: DmaPort) -> DescriptorChain | None:
         """The next available chain, fully checked, or None (then avail_event is
         published). Raises RingError without touching any buffer."""
+        mem = self._ring_mem(dma)
+        if mem is not None:
+            return self._pop_view(dma, mem)
         self.check_rings(dma)
         if self.pending(dma) == 0:
             self.publish_avail_event(dma)
             return None
         slot = self.last_avail_idx % self.size
-        raw = self._read(dma, self.avail_ring + V.AVAIL_HEADER + V.AVAIL_ELEM * slot, 2,
-                         "avail.ring")
+        raw = self._read(dma, self._avail_elems_at + V.AVAIL_ELEM * slot, 2, "avail.ring")
         head = int.from_bytes(raw, "little")
         if head >= self.size and not (BREAKS and "ring/skip-index-range" in BREAKS):
             raise RingError("ring/head-range", f"head {head} >= queue size {self.size}")
@@ -129,6 +163,33 @@ class SplitRing:
         chain.ring = self
         return chain
 
+    def _pop_view(self, dma: DmaPort, mem: memoryview) -> DescriptorChain | None:
+        """pop() through the ring view: the same checks in the same order."""
+        lo = self._lo
+        last = self.last_avail_idx
+        n = (_U16_FROM(mem, self._avail_idx_at - lo)[0] - last) & 0xFFFF
+        if n > self.size and not (BREAKS and "ring/skip-avail-idx-check" in BREAKS):
+            raise RingError("ring/avail-idx-jump",
+                            f"avail.idx moved {n} past {last} (queue size {self.size})")
+        if n == 0:
+            if self.event_idx:
+                _U16_INTO(mem, self._avail_event_at - lo, last)
+            return None
+        head = _U16_FROM(mem, self._avail_elems_at + V.AVAIL_ELEM * (last % self.size) - lo)[0]
+        if head >= self.size and not (BREAKS and "ring/skip-index-range" in BREAKS):
+            raise RingError("ring/head-range", f"head {head} >= queue size {self.size}")
+        if self._order is not None and head != self._next_desc:
+            raise RingError("ring/in-order-desc", f"head {head}: with IN_ORDER the next "
+                            f"chain starts at descriptor {self._next_desc}")
+        chain = self._walk(dma, head, mem)
+        if self._order is not None:
+            self._order.taken(head, chain.writable_len)
+        last = self.last_avail_idx = (last + 1) & 0xFFFF
+        if self.event_idx:
+            _U16_INTO(mem, self._avail_event_at - lo, last)
+        chain.ring = self
+        return chain
+
     def check_notification(self, dma: DmaPort, next_off: int, next_wrap: int) -> None:
         """NOTIFICATION_DATA: the notified avail index (next_off | next_wrap << 15) lies
         between the device's next entry and avail.idx (notify/data)."""
@@ -139,8 +200,11 @@ class SplitRing:
             raise RingError("notify/data", f"notified avail index {claim}, but avail.idx is "
                             f"{avail} and the device is at {self.last_avail_idx}")
 
-    def _walk(self, dma: DmaPort, head: int) -> DescriptorChain:
+    def _walk(self, dma: DmaPort, head: int, mem: memoryview | None = None) -> DescriptorChain:
+        """Follow and check the chain at `head`; `mem`: the ring view (_ring_mem), which
+        holds the descriptor table, and means the port's probe_view is exact."""
         chain = DescriptorChain(head)
+        probe = dma.view if mem is None else dma.probe_view  # type: ignore[attr-defined]
         table = self.desc_table
         entries = self.size
         idx = head
@@ -153,8 +217,17 @@ class SplitRing:
                 where = "indirect table" if in_indirect else "queue size"
                 raise RingError("ring/loop", f"chain from head {head} longer than the {where}"
                                 f" ({entries})")
-            raw = self._read(dma, table + _DESC_SIZE * idx, _DESC_SIZE, f"descriptor {idx}")
-            addr, length, flags, nxt = struct.unpack(_DESC_FMT, raw)
+            at = table + _DESC_SIZE * idx
+            if mem is not None and not in_indirect:
+                addr, length, flags, nxt = _DESC_FROM(mem, at - self._lo)
+            else:
+                if at + _DESC_SIZE > _U64:
+                    self._read(dma, at, _DESC_SIZE, f"descriptor {idx}")  # raises
+                try:
+                    raw = dma.read(at, _DESC_SIZE)
+                except DmaFault as e:
+                    raise RingError("ring/dma", f"descriptor {idx}: {e}") from None
+                addr, length, flags, nxt = _DESC_UNPACK(raw)
             if flags & V.DESC_F_INDIRECT:
                 if not self.indirect:
                     raise RingError("ring/indirect-not-negotiated",
@@ -188,7 +261,7 @@ class SplitRing:
             seen_write = seen_write or write
             if length:
                 try:
-                    dma.view(addr, length)
+                    probe(addr, length)
                 except DmaFault as e:
                     raise RingError("ring/dma", f"descriptor {idx} buffer: {e}") from None
             (chain.writable if write else chain.readable).append(Descriptor(addr, length, write))
@@ -218,7 +291,14 @@ class SplitRing:
 
     def _write_used(self, dma: DmaPort, head: int, length: int, count: int) -> None:
         slot = self.next_used_idx % self.size
-        elem = self.used_ring + V.USED_HEADER + _USED_ELEM_SIZE * slot
+        elem = self._used_elems_at + _USED_ELEM_SIZE * slot
+        mem = self._ring_mem(dma)
+        if mem is not None:
+            lo = self._lo
+            _USED_ELEM_INTO(mem, elem - lo, head, length)
+            self.next_used_idx = (self.next_used_idx + count) & 0xFFFF
+            _U16_INTO(mem, self.used_ring + 2 - lo, self.next_used_idx)
+            return
         self._write(dma, elem, struct.pack(_USED_ELEM_FMT, head, length), "used.ring")
         self.next_used_idx = (self.next_used_idx + count) & 0xFFFF
         self._write(dma, self.used_ring + 2, self.next_used_idx.to_bytes(2, "little"),
@@ -230,6 +310,12 @@ class SplitRing:
         self._signalled_used = new
         if old == new:
             return False
+        mem = self._ring_mem(dma)
+        if mem is not None:
+            if self.event_idx:
+                return vring_need_event(_U16_FROM(mem, self._used_event_at - self._lo)[0],
+                                        new, old)
+            return not _U16_FROM(mem, self.avail_ring - self._lo)[0] & V.AVAIL_F_NO_INTERRUPT
         if self.event_idx:
             return vring_need_event(self.used_event(dma), new, old)
         return not self.avail_flags(dma) & V.AVAIL_F_NO_INTERRUPT

@@ -77,6 +77,9 @@ class VA1File:
         }
         self.leaked: list[int] = []  # device addresses kept because an unmap failed
         self._in_flight: dict[int, Fence] = {}  # id(fence) -> fence of this file, unsignalled
+        # the cffi type each request takes, looked up once (ioctl is on every submission)
+        self._arg_types = {req: U.ffi.typeof(U.IOCTL_STRUCT[req] + " *") for req in self._ops}
+        self._owner: Callable[[int, int], BufferObject | None] | None = None  # _host_owner
 
     # ------------------------------------------------------------------ entry points
     def ioctl(self, request: int, arg: Any) -> None:
@@ -85,8 +88,8 @@ class VA1File:
         op = self._ops.get(request) if isinstance(request, int) else None
         if op is None:
             raise _err(errno.ENOTTY, f"{self.path}: unknown ioctl request {request!r}")
-        want = U.IOCTL_STRUCT[request]
-        if not isinstance(arg, U.ffi.CData) or U.ffi.typeof(arg) is not U.ffi.typeof(want + " *"):
+        if not isinstance(arg, U.ffi.CData) or U.ffi.typeof(arg) is not self._arg_types[request]:
+            want = U.IOCTL_STRUCT[request]
             got = U.ffi.typeof(arg).cname if isinstance(arg, U.ffi.CData) else type(arg).__name__
             raise _err(errno.ENOTTY, f"{self.path}: ioctl {request:#x} takes a '{want} *', "
                                      f"got {got}")
@@ -118,6 +121,7 @@ class VA1File:
         for bo in list(self._bos.values()):
             self._free_bo(bo)
         self._bos.clear()
+        self._owner = None
         self.closed = True
         self.dev.run_deferred()
 
@@ -197,6 +201,7 @@ class VA1File:
         handle = self._next_handle
         self._next_handle += 1
         self._bos[handle] = bo
+        self._owner = None
         a.handle = handle
         a.addr = addr
 
@@ -256,6 +261,7 @@ class VA1File:
             raise _err(errno.EINVAL, f"BO_FREE: pad must be 0, got {a.pad}")
         bo = self._bo(int(a.handle))
         del self._bos[bo.handle]
+        self._owner = None
         self._free_bo(bo)
 
     def _free_bo(self, bo: BufferObject) -> None:
@@ -387,7 +393,13 @@ class VA1File:
         a.fence_seq = fence.seq
 
     def _host_owner(self) -> Callable[[int, int], BufferObject | None]:
-        """`owner(addr, size)`: this file's HOST buffer holding [addr, addr+size)."""
+        """`owner(addr, size)`: this file's HOST buffer holding [addr, addr+size); made
+        again only after a BO_CREATE or BO_FREE."""
+        if self._owner is None:
+            self._owner = self._make_host_owner()
+        return self._owner
+
+    def _make_host_owner(self) -> Callable[[int, int], BufferObject | None]:
         hosts = sorted((b.addr, b.addr + b.size, b) for b in self._bos.values()
                        if b.flags == U.BO_HOST)
         starts = [h[0] for h in hosts]

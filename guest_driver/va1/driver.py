@@ -77,6 +77,11 @@ def _unpack(layout: Layout, data: bytes) -> dict[str, int]:
     return dict(zip(layout.names, struct.unpack(layout.format, data[:layout.size])))
 
 
+_SUBMIT_REQ = struct.Struct(A.SUBMIT_REQ.format)
+_SUBMIT_RESP = struct.Struct(A.SUBMIT_RESP.format)
+_SUBMIT_REQ_SEGS = A.SUBMIT_REQ.size, A.SUBMIT_RESP.size
+
+
 def _pack(layout: Layout, **values: int) -> bytes:
     return struct.pack(layout.format, *(values.get(n, 0) for n in layout.names))
 
@@ -564,18 +569,18 @@ class VA1Device:
         q.free_slots.append(sub.slot)
         base = q.slot_addr(sub.slot) + A.SUBMIT_REQ.size
         tl = sub.ctx.timeline
-        if ulen >= A.SUBMIT_RESP.size:
-            r = _unpack(A.SUBMIT_RESP, mem.read(base, A.SUBMIT_RESP.size))
-            if r["fence_seq"] != sub.fence.seq:
+        if ulen >= _SUBMIT_RESP.size:
+            status, error_offset, fence_seq, start_ns, end_ns = _SUBMIT_RESP.unpack(
+                mem.read(base, _SUBMIT_RESP.size))
+            if fence_seq != sub.fence.seq:
                 tl.signal(sub.fence, A.Status.ABORTED)
-                self.recover(f"queue {q.index}: response fence_seq {r['fence_seq']} for a "
+                self.recover(f"queue {q.index}: response fence_seq {fence_seq} for a "
                              f"request with fence_seq {sub.fence.seq}")
                 return
-            status = r["status"]
             if status in FAULT_STATUSES and not sub.ctx.faulted:
                 sub.ctx.faulted = True
                 sub.ctx.fault_status = status
-            tl.signal(sub.fence, status, r["error_offset"], r["start_ns"], r["end_ns"])
+            tl.signal(sub.fence, status, error_offset, start_ns, end_ns)
         else:
             status = (struct.unpack("<I", mem.read(base, 4))[0] if ulen >= 4
                       else int(A.Status.BAD_REQUEST))
@@ -1168,13 +1173,13 @@ class VA1Device:
         if on_done is not None:
             fence.add_callback(on_done)
         slot = q.free_slots.pop()
-        base = q.slot_addr(slot)
-        self.kernel.memory.write(base, _pack(A.SUBMIT_REQ, context_id=ctx.device_id,
-                                             cmdbuf_addr=iova, cmdbuf_len=length,
-                                             fence_seq=fence.seq))
-        q.ring.add(((base, A.SUBMIT_REQ.size),),
-                   ((base + A.SUBMIT_REQ.size, A.SUBMIT_RESP.size),),
-                   _Submission(slot, ctx, fence))
+        base = q.slot_base + slot * q.slot_size
+        req, resp = _SUBMIT_REQ_SEGS
+        # fields in SUBMIT_REQ order: context_id, flags, cmdbuf_addr, cmdbuf_len,
+        # reserved, fence_seq
+        self.kernel.memory.write(base, _SUBMIT_REQ.pack(ctx.device_id, 0, iova, length, 0,
+                                                        fence.seq))
+        q.ring.add(((base, req),), ((base + req, resp),), _Submission(slot, ctx, fence))
         self._busy(q)
         self._kick(q)
         return fence
