@@ -58,10 +58,19 @@ class RangeAllocator:
                          f"aligned to {align} ({self.bytes_free} bytes free)")
 
     def _take(self, i: int, lo: int, hi: int) -> None:
-        start, end = self._free_starts[i], self._free_ends[i]
-        pieces = [(s, e) for s, e in ((start, lo), (hi, end)) if e > s]
-        self._free_starts[i:i + 1] = [s for s, _ in pieces]
-        self._free_ends[i:i + 1] = [e for _, e in pieces]
+        starts, ends = self._free_starts, self._free_ends
+        start, end = starts[i], ends[i]
+        if lo > start and hi < end:      # a hole in the middle: two pieces
+            ends[i] = lo
+            starts.insert(i + 1, hi)
+            ends.insert(i + 1, end)
+        elif lo > start:                 # the tail is taken
+            ends[i] = lo
+        elif hi < end:                   # the head is taken
+            starts[i] = hi
+        else:                            # all of it
+            del starts[i]
+            del ends[i]
 
     def free(self, addr: int) -> None:
         """Give a range back; the part of it past the end (after a shrink) is dropped."""

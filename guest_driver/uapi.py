@@ -86,9 +86,15 @@ ffi.cdef(HEADER)
 CData = Any
 
 
+_CTYPES: dict[str, Any] = {}
+
+
 def new(cdecl: str, init: Any = None) -> CData:
     """`ffi.new(cdecl, init)`: a zeroed (or `init`-filled) struct to pass to `ioctl`."""
-    return ffi.new(cdecl, init)
+    ctype = _CTYPES.get(cdecl)
+    if ctype is None:
+        ctype = _CTYPES[cdecl] = ffi.typeof(cdecl)
+    return ffi.new(ctype, init)
 
 MAX_SUBMIT_BUFFERS = 64
 

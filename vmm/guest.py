@@ -93,12 +93,13 @@ class GuestTimer(PendingIrq):
 class GuestSched:
     def __init__(self, machine: Machine) -> None:
         self._machine = machine
+        self._now = machine.sched.now_ns
 
     def start_timer(self, delay_ns: int, fn: Callable[[], None], what: str) -> GuestTimer:
         return GuestTimer(self._machine, delay_ns, fn, what)
 
     def now_ns(self) -> int:
-        return self._machine.now_ns()
+        return self._now()
 
     def wait_until(self, cond: Callable[[], bool], timeout_ns: int | None, what: str) -> bool:
         return self._machine.wait_until(cond, timeout_ns, what)

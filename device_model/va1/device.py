@@ -456,8 +456,9 @@ class Va1Device(VirtioDevice):
             buf = self.dma.read(req.cmdbuf_addr, req.cmdbuf_len)
         except DmaFault:
             return Status.DMA_FAULT, NO_OFFSET, []
-        env = DecodeEnv(self.config, self.memory, self.dma, self._has(va1.F_FP16),
-                        self._has(va1.F_TIMESTAMP), int8=self._has(va1.F_INT8),
+        acked = self.acked_features
+        env = DecodeEnv(self.config, self.memory, self.dma, bool(acked >> va1.F_FP16 & 1),
+                        bool(acked >> va1.F_TIMESTAMP & 1), int8=bool(acked >> va1.F_INT8 & 1),
                         aspace=None if ctx.flat else ctx.aspace)
         try:
             return Status.OK, NO_OFFSET, decode(buf, env)

@@ -46,6 +46,7 @@ from .requests import SubmitRequest
 from .scheduler import FunctionSched, Scheduler
 
 _OPNAME = {op: op.name for op in Opcode}
+_STATUS_NAME = {s: s.name for s in Status}
 # Read from the registry once: the step loop asks for every command.
 _POLLS = frozenset(op for op, spec in OPS.items() if spec.polls)
 _TIME_ONLY = frozenset(op for op, spec in OPS.items() if spec.time_only)
@@ -85,6 +86,7 @@ class _Run:
     wait_first: int = -1          # first poll of the current WAIT
     wait_polls: int = 0
     dropped: bool = False         # its queue was reset (RING_RESET): never goes on
+    math: bool = True             # holds a command that computes (not only time-only ones)
 
 
 Prepare = Callable[[Submission], "tuple[Status, int, list[Command]]"]
@@ -211,7 +213,12 @@ class CommandProcessor:
         self.reset()
 
     def has_work(self) -> bool:
-        return any(self.pending) or any(r is not None for r in self.resume)
+        if any(self.pending):
+            return True
+        for r in self.resume:
+            if r is not None:
+                return True
+        return False
 
     def startable(self) -> bool:
         busy, resume = self.busy, self.resume
@@ -331,6 +338,7 @@ class CommandProcessor:
             self._finish(run)
             return
         run.cmds = cmds
+        run.math = not all(c.opcode in _TIME_ONLY for c in cmds)
         self._step(run)
 
     def _preempt(self, run: _Run, hold: bool = False) -> None:
@@ -404,6 +412,9 @@ class CommandProcessor:
         shared = len(sched.functions) > 1
         metrics = self.metrics
         emit = self.tracer.emit
+        if not run.math:  # nothing computes: no floating-point state to set
+            self._step_loop(run, epoch, now, sub, fs, cmds, sched, shared, metrics, emit)
+            return
         with np.errstate(all="ignore"):  # inf/NaN are data, never an exception
             self._step_loop(run, epoch, now, sub, fs, cmds, sched, shared, metrics, emit)
 
@@ -633,7 +644,7 @@ class CommandProcessor:
         self.fs.running -= 1
         self.metrics.submissions += 1
         self.tracer.emit("submit_end", queue=sub.queue, context=sub.req.context_id,
-                         fence=sub.req.fence_seq, status=sub.status.name,
+                         fence=sub.req.fence_seq, status=_STATUS_NAME[sub.status],
                          error_offset=sub.error_offset, engine=sub.engine,
                          start_ns=sub.start_ns, end_ns=sub.end_ns)
         epoch = self._epoch

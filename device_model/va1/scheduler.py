@@ -123,7 +123,7 @@ class Scheduler:
     def _pick(self) -> FunctionSched | None:
         best: FunctionSched | None = None
         for f in self.functions:
-            if f.halted or not f.processor.startable():
+            if f.stopped or not f.bus_master or not f.processor.startable():  # halted
                 continue
             if best is None or (-f.priority, f.vt) < (-best.priority, best.vt):
                 best = f
@@ -138,7 +138,11 @@ class Scheduler:
         try:
             while True:
                 self._again = False
-                engine = next((i for i, r in enumerate(self.engines) if r is None), None)
+                engine = None
+                for i, r in enumerate(self.engines):
+                    if r is None:
+                        engine = i
+                        break
                 fs = self._pick() if engine is not None else None
                 if engine is None or fs is None:
                     if not self._again:

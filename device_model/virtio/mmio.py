@@ -87,7 +87,8 @@ class MmioTransport(TransportCore):
         return self._read_reg(offset)
 
     def _read_reg(self, offset: int) -> int:
-        q = self._selected()
+        if offset == R.INTERRUPT_STATUS:   # the one read of every interrupt
+            return self.interrupt_status
         if offset == R.MAGIC_VALUE:
             return R.MAGIC
         if offset == R.VERSION:
@@ -99,13 +100,13 @@ class MmioTransport(TransportCore):
         if offset == R.DEVICE_FEATURES:
             return self._device_features_word()
         if offset == R.QUEUE_NUM_MAX:
+            q = self._selected()
             return q.max_size if q is not None else 0
         if offset == R.QUEUE_READY:
+            q = self._selected()
             return int(q.ready) if q is not None else 0
         if offset == R.QUEUE_RESET:
             return 0  # a queue reset completes before the write returns
-        if offset == R.INTERRUPT_STATUS:
-            return self.interrupt_status
         if offset == R.STATUS:
             return self._status_value()
         if offset == R.CONFIG_GENERATION:

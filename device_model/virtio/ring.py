@@ -51,11 +51,17 @@ class DescriptorChain:
 
     @property
     def readable_len(self) -> int:
-        return sum(d.length for d in self.readable)
+        n = 0
+        for d in self.readable:
+            n += d.length
+        return n
 
     @property
     def writable_len(self) -> int:
-        return sum(d.length for d in self.writable)
+        n = 0
+        for d in self.writable:
+            n += d.length
+        return n
 
     def read(self, dma: DmaPort, limit: int) -> bytes:
         """Gather up to `limit` readable bytes (raises DmaFault)."""

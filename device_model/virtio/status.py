@@ -63,6 +63,7 @@ class TransportCore:
         self.device_features_sel = 0
         self.driver_features_sel = 0
         self.driver_features: dict[int, int] = {}
+        self._acked = 0   # acked_features, kept up to date by _write_driver_features
         self.queue_sel = 0
 
     def _reset_state(self) -> None:  # pragma: no cover - every transport overrides it
@@ -80,8 +81,7 @@ class TransportCore:
 
     @property
     def acked_features(self) -> int:
-        return sum((v & 0xFFFF_FFFF) << (32 * s) for s, v in self.driver_features.items()
-                   if s <= 1)
+        return self._acked
 
     def _queue_ok(self, index: int) -> bool:
         return 0 <= index < len(self.queues)
@@ -120,6 +120,8 @@ class TransportCore:
                             f"{value:#x}")
             return
         self.driver_features[self.driver_features_sel] = value
+        self._acked = sum((v & 0xFFFF_FFFF) << (32 * s)
+                          for s, v in self.driver_features.items() if s <= 1)
 
     # --- virtqueue registers -----------------------------------------------------------
 
@@ -166,7 +168,7 @@ class TransportCore:
                                          make_device_ring(self.acked_features, q))
 
     def _has(self, feature: int) -> bool:
-        return bool(self._ring_features() >> feature & 1)
+        return bool(self.status & V.STATUS_FEATURES_OK and self._acked >> feature & 1)
 
     def _reset_queue(self, value: int) -> None:
         """queue_reset / QueueReset written (virtio 1.x §2.6.1, §4.1.4.3, §4.2.2): 1

@@ -42,7 +42,9 @@ HOST_OPERANDS: dict[isa.Opcode, tuple[tuple[str, str | int, str], ...]] = {
     isa.Opcode.WAIT: (("addr", 8, "read"),),
     isa.Opcode.CALL: (("addr", "size", "call"),),
 }
-_OPCODES = frozenset(int(o) for o in isa.Opcode)
+_OPCODES = {int(o): o for o in isa.Opcode}
+_NOP = isa.Opcode.NOP
+_LENGTHS = {o: isa.command_length(o) for o in isa.Opcode}
 _HDR = struct.Struct(isa.HEADER.format)
 _PAYLOAD = {op: struct.Struct(lay.format) for op, lay in isa.PAYLOAD.items()}
 _CALL_PATCH = isa.HEADER.size + isa.PAYLOAD[isa.Opcode.CALL].offsets["addr"]
@@ -65,10 +67,14 @@ class Checked(Generic[T]):
 
     @property
     def size(self) -> int:
+        if len(self.segments) == 1:
+            return len(self.segments[0].data)
         return sum(len(s.data) for s in self.segments)
 
     def image(self, base: int) -> bytes:
         """The shadow copy laid out at IOVA `base`, every followed CALL patched."""
+        if len(self.segments) == 1 and not self.segments[0].patches:
+            return bytes(self.segments[0].data)
         off = 0
         for s in self.segments:
             s.offset = off
@@ -118,11 +124,11 @@ class _Walk(Generic[T]):
             if end - pos < isa.HEADER.size:
                 return False                                    # TRUNCATED
             opcode, flags, length = _HDR.unpack_from(buf, pos)
-            if opcode not in _OPCODES:
+            op = _OPCODES.get(opcode)
+            if op is None:
                 return False                                    # BAD_OPCODE
-            op = isa.Opcode(opcode)
             if length < isa.HEADER.size or length % isa.ALIGN or (
-                    op != isa.Opcode.NOP and length != isa.command_length(op)):
+                    op != _NOP and length != _LENGTHS[op]):
                 return False                                    # BAD_LENGTH
             if pos + length > end:
                 return False                                    # TRUNCATED

@@ -546,7 +546,7 @@ class VA1Device:
         mem = self.kernel.memory
         if not isinstance(token, _EventBuf):
             self._idle(q)
-        base = q.slot_addr(token.slot)
+        base = q.slot_base + token.slot * q.slot_size   # slot_addr
         if isinstance(token, _CtrlRequest):
             resp = mem.read(base + CTRL_REQ_MAX, ulen) if ulen else b""
             q.free_slots.append(token.slot)
@@ -567,7 +567,7 @@ class VA1Device:
     def _complete_submission(self, q: _Queue, sub: _Submission, ulen: int) -> None:
         mem = self.kernel.memory
         q.free_slots.append(sub.slot)
-        base = q.slot_addr(sub.slot) + A.SUBMIT_REQ.size
+        base = q.slot_base + sub.slot * q.slot_size + A.SUBMIT_REQ.size   # slot_addr
         tl = sub.ctx.timeline
         if ulen >= _SUBMIT_RESP.size:
             status, error_offset, fence_seq, start_ns, end_ns = _SUBMIT_RESP.unpack(
@@ -1160,12 +1160,13 @@ class VA1Device:
         """Queue one command buffer; block while the ring is full. Returns its fence."""
         self.check_alive()
         self.check_ctx(ctx)
-        if not 0 <= queue < self.num_submit_queues:
+        nq = len(self._queues) - A.FIRST_SUBMITQ   # num_submit_queues
+        if not 0 <= queue < nq:
             raise VA1Error(errno.EINVAL, f"submit queue {queue} out of range "
-                                         f"0..{self.num_submit_queues - 1}")
+                                         f"0..{nq - 1}")
         q = self._queues[A.FIRST_SUBMITQ + queue]
         gen = self.generation
-        if not (q.ring.num_free >= q.ring.descs_needed(2) and q.free_slots):
+        if not (q.free_slots and q.ring.num_free >= q.ring.descs_needed(2)):
             self._wait_for_space(q, gen, "submit_space")
             self.check_alive()
             self.check_ctx(ctx)

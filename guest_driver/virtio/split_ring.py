@@ -149,18 +149,20 @@ class SplitQueue(Generic[T]):
         if self.broken:
             raise RingError(f"queue {self.index} is broken: {self.broken}")
         segs = [(a, n, 0) for a, n in readable] + [(a, n, V.DESC_F_WRITE) for a, n in writable]
+        nsegs = len(segs)
         if not segs:
             raise ValueError("a request needs at least one segment")
-        if len(segs) > self.num and not self._use_indirect(len(segs)):
-            raise ValueError(f"{len(segs)} segments cannot fit queue {self.index} of {self.num}")
-        need = self.descs_needed(len(segs))
+        indirect = self.indirect and 1 < nsegs <= self.max_indirect   # _use_indirect
+        if nsegs > self.num and not indirect:
+            raise ValueError(f"{nsegs} segments cannot fit queue {self.index} of {self.num}")
+        need = 1 if indirect else nsegs
         if need > self.num_free:
             raise QueueFull(f"queue {self.index}: {need} descriptors needed, "
                             f"{self.num_free} free")
         ring = self._ring
         lay = self.layout
         dsize = V.DESC.size
-        if self._use_indirect(len(segs)):
+        if indirect:
             head = self._take()
             chain: tuple[int, ...] = (head,)
             toff = lay.indirect + head * lay.indirect_stride
@@ -181,7 +183,10 @@ class SplitQueue(Generic[T]):
                                 flags | (0 if last else V.DESC_F_NEXT), nxt)
         self._tokens[head] = token
         self._chains[head] = chain
-        self._wcap[head] = sum(n for _, n in writable)
+        wcap = 0
+        for _, n in writable:
+            wcap += n
+        self._wcap[head] = wcap
         self.in_flight += 1
         if self.in_order:
             self._heads.append(head)
@@ -224,8 +229,10 @@ class SplitQueue(Generic[T]):
         out: list[tuple[T, int]] = []
         if self.broken:
             return out
-        used_idx = self.used_idx()
+        used_idx = _U16.unpack_from(self._ring, self.layout.used_idx)[0]   # used_idx()
         pending = (used_idx - self.last_used) & 0xFFFF
+        if not pending:
+            return out
         if pending > self.in_flight:
             self.broken = (f"used.idx jumped to {used_idx} from {self.last_used}: {pending} "
                            f"entries but only {self.in_flight} requests in flight")
@@ -275,7 +282,8 @@ class SplitQueue(Generic[T]):
         (the caller must reap again: they may have landed before used_event was seen)."""
         if self.event_idx:
             _U16.pack_into(self._ring, self.layout.used_event, self.last_used)
-        return self.has_used()
+        return (not self.broken  # has_used()
+                and _U16.unpack_from(self._ring, self.layout.used_idx)[0] != self.last_used)
 
     def drain(self) -> list[T]:
         """Take back every request in flight (device reset); tokens in head order."""
