@@ -6,7 +6,7 @@ logged; a read returns all-ones and a write is dropped, as on a real bus.
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from .errors import VmmError
@@ -30,10 +30,10 @@ class Region:
     name: str
     handler: MmioHandler
     direct: bool = False  # mapped straight into the guest: no exit cost
+    end: int = field(init=False, repr=False, compare=False)  # base + size
 
-    @property
-    def end(self) -> int:
-        return self.base + self.size
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "end", self.base + self.size)
 
 
 @dataclass(frozen=True)

@@ -62,7 +62,11 @@ class Scheduler:
     def schedule(self, delay_ns: int, callback: Callable[[], None], label: str) -> Timer:
         if delay_ns < 0:
             raise SchedulerError(f"event {label!r} scheduled with negative delay {delay_ns}")
-        return self.schedule_at(self._now + int(delay_ns), callback, label)
+        # schedule_at inlined (never in the past: delay >= 0)
+        self._seq += 1
+        timer = Timer(self._now + int(delay_ns), self._seq, callback, label)
+        heapq.heappush(self._heap, timer)
+        return timer
 
     def _drop_cancelled(self) -> None:
         heap = self._heap

@@ -422,7 +422,8 @@ class Va1Device(VirtioDevice):
 
     def _drain_submitq(self, qi: int) -> None:
         q = self.queues[qi]
-        while self._live() and (chain := q.pop(self.dma)) is not None:
+        # self._live() inlined: this loop runs for every submission
+        while self.active and not self.broken and (chain := q.pop(self.dma)) is not None:
             if (chain.readable_len < va1.SUBMIT_REQ.size
                     or chain.writable_len < va1.SUBMIT_RESP.size):
                 self.tracer.emit("bad_request", queue=qi, head=chain.head)

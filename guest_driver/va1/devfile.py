@@ -93,11 +93,14 @@ class VA1File:
             got = U.ffi.typeof(arg).cname if isinstance(arg, U.ffi.CData) else type(arg).__name__
             raise _err(errno.ENOTTY, f"{self.path}: ioctl {request:#x} takes a '{want} *', "
                                      f"got {got}")
-        self.dev.run_deferred()
+        dev = self.dev
+        if dev.deferred:
+            dev.run_deferred()
         try:
             op(arg)
         finally:
-            self.dev.run_deferred()
+            if dev.deferred:
+                dev.run_deferred()
 
     def mmap(self, handle: int) -> np.ndarray:
         if self.closed:
