@@ -142,10 +142,13 @@ class DriverFile:
         arg.buffer_count = len(hs)
         for i, h in enumerate(hs):
             arg.handles[i] = h
-        self._ioctl(uapi.DRM_IOCTL_VA1_SUBMIT, arg,
-                    f"SUBMIT(context={context_id}, queue={queue}, "
+        try:
+            self.file.ioctl(uapi.DRM_IOCTL_VA1_SUBMIT, arg)
+        except OSError as e:  # _ioctl, with the message made only when it is needed
+            what = (f"SUBMIT(context={context_id}, queue={queue}, "
                     + ("" if ncommands is None else f"{ncommands} commands, ")
                     + f"{cmdbuf_size} bytes, {len(hs)} buffers)")
+            raise _wrap(e, f"{what} on {self.path}") from e
         return int(arg.fence_seq)
 
     def wait(self, context_id: int, fence_seq: int, timeout_ns: int = -1

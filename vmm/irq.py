@@ -70,7 +70,7 @@ class Line(PendingIrq):
         if level == self.level:
             return
         self.level = level
-        self.chip.trace.emit(self.chip.source, "irq_line", {"line": self.number, "level": level})
+        self.chip.tracer.emit("irq_line", line=self.number, level=level)
         if level:
             self._arm()
 
@@ -92,7 +92,7 @@ class Line(PendingIrq):
         if not self.level or self.handler is None or self.disabled:
             return
         self.delivered += 1
-        self.chip.trace.emit(self.chip.source, "irq", {"line": self.number})
+        self.chip.tracer.emit("irq", line=self.number)
         self.handler()
         if self.level:
             self.storm += 1
@@ -164,6 +164,7 @@ class InterruptController:
         self.machine = machine
         self.trace = machine.trace
         self.source = source
+        self.tracer = machine.trace.tracer(source)   # the same events as trace.emit(source, ...)
         self.latency_ns = latency_ns
         self._lines = [Line(self, n) for n in range(lines)]
         self.msi = GuestMsiDomain(machine.trace.tracer(source), source,

@@ -420,15 +420,16 @@ class VA1Device:
 
     def _kick(self, q: _Queue) -> None:
         if q.ring.kick_prepare():
-            self._trace("kick", queue=q.index)
+            self.kernel.trace.emit("kick", dev=self.name, queue=q.index)   # _trace
             self.transport.notify(q.index, q.ring.notification_data())
 
     def _wait(self, cond: Callable[[], bool], timeout_ns: int | None, what: str,
               **fields: object) -> bool:
         if cond():
             return True
-        self._trace("wait", what=what, timeout_ns=-1 if timeout_ns is None else timeout_ns,
-                    **fields)
+        self.kernel.trace.emit("wait", dev=self.name, what=what,
+                               timeout_ns=-1 if timeout_ns is None else timeout_ns,
+                               **fields)   # _trace
         return self.kernel.sched.wait_until(cond, timeout_ns, f"{self.name} {what}")
 
     def check_alive(self) -> None:
@@ -528,7 +529,8 @@ class VA1Device:
             if done:
                 q.reaps += 1
                 self._reaped += len(done)
-                self._trace("reap", queue=q.index, count=len(done))
+                self.kernel.trace.emit("reap", dev=self.name, queue=q.index,
+                                       count=len(done))   # _trace
             for token, ulen in done:
                 self._complete(q, token, ulen)
                 if self.generation != gen:

@@ -132,7 +132,8 @@ class VirtioMmio:
         self._wr(R.QUEUE_READY, 1)
 
     def notify(self, index: int, data: int | None = None) -> None:
-        self._wr(R.QUEUE_NOTIFY, notify_value(index, data))
+        value = index if data is None else notify_value(index, data)
+        self.mmio.write(self.base + R.QUEUE_NOTIFY, 4, value & 0xFFFFFFFF)  # _wr
 
     def reset_queue(self, index: int) -> None:
         """QueueReset = 1, then read until both QueueReset and QueueReady read 0."""
@@ -172,11 +173,13 @@ class VirtioMmio:
         if self._in_irq or self._handler is None:
             return  # re-entered from our own MMIO; the level-triggered line stays up
         self._in_irq = True
+        mmio, base = self.mmio, self.base
         try:
-            isr = self.interrupt_status()
+            isr = mmio.read(base + R.INTERRUPT_STATUS, 4)   # interrupt_status()
             if isr == 0:
                 return
-            self.interrupt_ack(isr)  # even when the driver gave up: do not leave it high
+            # interrupt_ack(isr), even when the driver gave up: do not leave it high
+            mmio.write(base + R.INTERRUPT_ACK, 4, isr & 0xFFFFFFFF)
             self._handler(bool(isr & R.INT_CONFIG), None)
         finally:
             self._in_irq = False
