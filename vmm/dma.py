@@ -64,7 +64,9 @@ class GuestDma:
     def probe_view(self, iova: int, length: int) -> None:
         """Raises exactly the DmaFault view(iova, length) would, without making the view
         (an optional DmaPort method: device_model.virtio.split_ring probes rings with it)."""
-        self._check(iova, length, True)
+        mem = self.memory
+        if length < 0 or iova < mem.base or iova + length > mem.base + mem.size:
+            self._check(iova, length, True)
 
     # The hot paths test "inside guest RAM" inline (which implies no 64-bit overflow)
     # and leave the reasons to _check.

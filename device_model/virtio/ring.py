@@ -65,6 +65,10 @@ class DescriptorChain:
 
     def read(self, dma: DmaPort, limit: int) -> bytes:
         """Gather up to `limit` readable bytes (raises DmaFault)."""
+        if len(self.readable) == 1:   # the usual request: one buffer
+            d = self.readable[0]
+            n = min(limit, d.length)
+            return dma.read(d.addr, n) if n > 0 else b""
         parts: list[bytes] = []
         left = limit
         for d in self.readable:
@@ -81,6 +85,12 @@ class DescriptorChain:
 
         Every target is checked before the first byte is written, so a fault writes
         nothing (raises DmaFault)."""
+        n = len(data)
+        if len(self.writable) == 1 and 0 < n <= self.writable[0].length:
+            addr = self.writable[0].addr   # the usual reply: one buffer that holds it all
+            dma.view(addr, n)   # probe, as below
+            dma.write(addr, data)
+            return n
         plan: list[tuple[int, int, int]] = []
         pos = 0
         for d in self.writable:
