@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Callable
 
 import numpy as np
@@ -47,6 +48,7 @@ from .scheduler import FunctionSched, Scheduler
 
 _OPNAME = {op: op.name for op in Opcode}
 _STATUS_NAME = {s: s.name for s in Status}
+_OPCODE_OF = attrgetter("opcode")
 # Read from the registry once: the step loop asks for every command.
 _POLLS = frozenset(op for op, spec in OPS.items() if spec.polls)
 _TIME_ONLY = frozenset(op for op, spec in OPS.items() if spec.time_only)
@@ -338,7 +340,7 @@ class CommandProcessor:
             self._finish(run)
             return
         run.cmds = cmds
-        run.math = not all(c.opcode in _TIME_ONLY for c in cmds)
+        run.math = not _TIME_ONLY.issuperset(map(_OPCODE_OF, cmds))
         self._step(run)
 
     def _preempt(self, run: _Run, hold: bool = False) -> None:

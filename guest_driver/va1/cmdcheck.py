@@ -44,6 +44,7 @@ HOST_OPERANDS: dict[isa.Opcode, tuple[tuple[str, str | int, str], ...]] = {
 }
 _OPCODES = {int(o): o for o in isa.Opcode}
 _NOP = isa.Opcode.NOP
+_NOP_V = int(_NOP)
 _LENGTHS = {o: isa.command_length(o) for o in isa.Opcode}
 _HDR = struct.Struct(isa.HEADER.format)
 _PAYLOAD = {op: struct.Struct(lay.format) for op, lay in isa.PAYLOAD.items()}
@@ -120,10 +121,15 @@ class _Walk(Generic[T]):
         (nothing after it runs, so the walk stops)."""
         buf = bytes(self.segments[index].data)
         pos, end = 0, len(buf)
+        unpack, hdr, align = _HDR.unpack_from, isa.HEADER.size, isa.ALIGN
         while pos < end:
-            if end - pos < isa.HEADER.size:
+            if end - pos < hdr:
                 return False                                    # TRUNCATED
-            opcode, flags, length = _HDR.unpack_from(buf, pos)
+            opcode, flags, length = unpack(buf, pos)
+            if opcode == _NOP_V and length >= hdr and not length % align \
+                    and pos + length <= end:
+                pos += length   # a good NOP: the checks below pass, it has no operands
+                continue
             op = _OPCODES.get(opcode)
             if op is None:
                 return False                                    # BAD_OPCODE
