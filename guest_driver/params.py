@@ -50,6 +50,7 @@ class DriverParams:
     watchdog_ns: int = WATCHDOG_NS
     breaks: frozenset[str] = field(default_factory=frozenset)
     optional: int = DEFAULT_OPTIONAL     # OPTIONAL_FEATURES bits it may accept
+    poll_wait: bool = False              # fence waits poll the used ring, interrupts off
 
     def cmdline(self) -> str:
         """These parameters as kernel command-line tokens (defaults left out)."""
@@ -62,6 +63,8 @@ class DriverParams:
             out.append(f"{PREFIX}break={','.join(sorted(self.breaks))}")
         if self.optional != DEFAULT_OPTIONAL:
             out.append(features_token(feature_names(self.optional)))
+        if self.poll_wait:
+            out.append(f"{PREFIX}poll_wait=1")
         return " ".join(out)
 
 
@@ -101,6 +104,7 @@ def _ns(name: str, value: str) -> int:
 def parse_cmdline(cmdline: str) -> DriverParams:
     """The driver's parameters on `cmdline`; ParamError naming the first bad token."""
     poll, watchdog, breaks, optional = POLL_NS, WATCHDOG_NS, frozenset[str](), DEFAULT_OPTIONAL
+    poll_wait = False
     for token in cmdline.split():
         if not token.startswith(PREFIX):
             continue
@@ -124,7 +128,12 @@ def parse_cmdline(cmdline: str) -> DriverParams:
                 optional = feature_mask([n for n in value.split(",") if n])
             except ParamError as e:
                 raise ParamError(f"kernel parameter {PREFIX}features: {e}") from None
+        elif name == "poll_wait":
+            if value not in ("0", "1"):
+                raise ParamError(f"kernel parameter {PREFIX}poll_wait={value!r}: 0 or 1")
+            poll_wait = value == "1"
         else:
             raise ParamError(f"kernel parameter {token!r}: the va1 driver has no parameter "
-                             f"{name!r} (it has poll_ns, watchdog_ns, break, features)")
-    return DriverParams(poll, watchdog, breaks, optional)
+                             f"{name!r} (it has poll_ns, watchdog_ns, break, features, "
+                             f"poll_wait)")
+    return DriverParams(poll, watchdog, breaks, optional, poll_wait)

@@ -214,6 +214,7 @@ class VA1Device:
         self._kctx: Context | None = None     # the driver's own (FLAT) context: scrubs
         # Recovery timer and its counters (GET_STATS' interrupts_lost, debug_stats).
         self.poll_ns = poll_ns
+        self.poll_wait = params.poll_wait
         self.watchdog_ns = watchdog_ns
         self._start_timer = getattr(kernel.sched, "start_timer", None)
         self._timer: KernelTimer | None = None
@@ -440,6 +441,9 @@ class VA1Device:
         need = q.ring.descs_needed(2)
 
         def cond() -> bool:
+            if self._polled(q) and self.generation == gen and self.ready \
+                    and self.dead is None and q.ring.has_used():
+                self._reap_polled(q)
             return (self.generation != gen or self.dead is not None
                     or (q.ring.num_free >= need and bool(q.free_slots)))
         self._wait(cond, None, what, queue=q.index)
@@ -539,7 +543,11 @@ class VA1Device:
                 self._trace("ring_error", queue=q.index, error=q.ring.broken)
                 self.recover(f"queue {q.index}: {q.ring.broken}")
                 return
-            if not q.ring.enable_interrupts():
+            if self.poll_wait and q.index >= A.FIRST_SUBMITQ:   # _polled(q)
+                q.ring.disable_interrupts()
+                if not q.ring.has_used():
+                    break
+            elif not q.ring.enable_interrupts():
                 break
         if q.index == A.EVENTQ:
             self._kick(q)
@@ -638,6 +646,13 @@ class VA1Device:
             return
         self._in_irq = True
         try:
+            if self.poll_wait and self.ready and not self.dead:
+                gen = self.generation
+                for q in self._queues[A.FIRST_SUBMITQ:]:   # what nobody waited for
+                    if self.generation != gen or not self.ready:
+                        break
+                    if q.ring.has_used():
+                        self._reap(q)
             if self.ready and not self.dead and "recovery/no-lost-irq-poll" not in self.breaks:
                 self._check_lost_interrupts()
             if self.ready and not self.dead and "recovery/no-watchdog" not in self.breaks:
@@ -1184,6 +1199,8 @@ class VA1Device:
                                                         fence.seq))
         q.ring.add(((base, req),), ((base + req, resp),), _Submission(slot, ctx, fence))
         self._busy(q)
+        if self.poll_wait:   # _polled(q): interrupts off before the device sees it
+            q.ring.disable_interrupts()
         self._kick(q)
         return fence
 
@@ -1201,9 +1218,44 @@ class VA1Device:
         """Block until the fence is signalled or the virtual timeout passes."""
         if fence.signalled:
             return True
+        if self.poll_wait and self.ready and not self.dead:
+            return self._poll_fence(fence, timeout_ns)
         # timeout 0 still goes through wait_until: pending interrupts are delivered there
         return self._wait(lambda: fence.signalled, timeout_ns, "fence",
                           context=fence.context, fence=fence.seq)
+
+    def _poll_fence(self, fence: Fence, timeout_ns: int | None) -> bool:
+        """`va1.poll_wait=1`: the wait reaps the fence's submit queue (whose interrupts
+        are off, `_polled`) each time virtual time moves, as a guest spinning on the
+        ring would: no interrupt delivery, no ISR and ACK exits."""
+        q = self._queues[A.FIRST_SUBMITQ + fence.queue]
+        gen = self.generation
+
+        def cond() -> bool:
+            if not fence.signalled and self.generation == gen and self.ready \
+                    and not self.dead and q.ring.has_used():
+                self._reap_polled(q)
+            return fence.signalled
+        return self._wait(cond, timeout_ns, "fence", context=fence.context, fence=fence.seq)
+
+    def _polled(self, q: _Queue) -> bool:
+        """With va1.poll_wait=1 the submit queues run with interrupts off: waits poll
+        them, and the recovery timer reaps what nobody waited for."""
+        return self.poll_wait and q.index >= A.FIRST_SUBMITQ
+
+    def _reap_polled(self, q: _Queue) -> None:
+        """Reap q in task context as its interrupt handler would (no interrupt is
+        counted); handlers that come in meanwhile queue up and run after it."""
+        if self._in_irq:
+            return
+        self._in_irq = True
+        try:
+            self._reap(q)
+            while self._irq_again:
+                self._handle_interrupt(*self._irq_again.pop(0))
+        finally:
+            self._in_irq = False
+            self._irq_again = []
 
 
 def _status_name(status: int) -> str:

@@ -94,6 +94,7 @@ class PackedQueue(Generic[T]):
         self._order: deque[int] = deque()        # IN_ORDER: ids in the order made available
         self._kicked = 0
         self.broken = None
+        self._irq_off = False   # driver event flags hold DISABLE (disable_interrupts)
 
     def release(self) -> None:
         self._alloc.free(self.base)
@@ -252,7 +253,15 @@ class PackedQueue(Generic[T]):
             _EVENT.pack_into(self._mem, self._drv_event,
                              self._used_slot | self._used_wrap << _WRAP_BIT,
                              V.PACKED_EVENT_FLAG_DESC)
+        elif self._irq_off:
+            _EVENT.pack_into(self._mem, self._drv_event, 0, V.PACKED_EVENT_FLAG_ENABLE)
+            self._irq_off = False
         return self.has_used()
+
+    def disable_interrupts(self) -> None:
+        """Driver event suppression DISABLE (virtio 1.x §2.8.10)."""
+        _EVENT.pack_into(self._mem, self._drv_event, 0, V.PACKED_EVENT_FLAG_DISABLE)
+        self._irq_off = True
 
     def drain(self) -> list[T]:
         """Take back every request in flight (device or queue reset), in the order they

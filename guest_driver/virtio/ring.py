@@ -83,6 +83,11 @@ class DriverRing(Protocol[T]):
         """Ask for an interrupt at the next used entry; True if entries are pending."""
         ...
 
+    def disable_interrupts(self) -> None:
+        """Ask for no interrupt for used entries (the driver polls) until the next
+        enable_interrupts."""
+        ...
+
     def drain(self) -> list[T]:
         """Take back every request in flight (device reset)."""
         ...

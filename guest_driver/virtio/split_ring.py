@@ -118,6 +118,7 @@ class SplitQueue(Generic[T]):
         self._kicked_idx = 0
         self.in_flight = 0
         self.broken = None
+        self._irq_off = False   # avail.flags holds NO_INTERRUPT (disable_interrupts)
 
     def release(self) -> None:
         self._alloc.free(self.base)
@@ -282,8 +283,20 @@ class SplitQueue(Generic[T]):
         (the caller must reap again: they may have landed before used_event was seen)."""
         if self.event_idx:
             _U16.pack_into(self._ring, self.layout.used_event, self.last_used)
+        elif self._irq_off:
+            _U16.pack_into(self._ring, self.layout.avail, 0)   # avail.flags
+            self._irq_off = False
         return (not self.broken  # has_used()
                 and _U16.unpack_from(self._ring, self.layout.used_idx)[0] != self.last_used)
+
+    def disable_interrupts(self) -> None:
+        """EVENT_IDX: used_event one behind the next entry (used.idx never passes it
+        until it wraps); else VRING_AVAIL_F_NO_INTERRUPT (virtio 1.x §2.7.7, §2.7.10)."""
+        if self.event_idx:
+            _U16.pack_into(self._ring, self.layout.used_event, (self.last_used - 1) & 0xFFFF)
+        else:
+            _U16.pack_into(self._ring, self.layout.avail, V.AVAIL_F_NO_INTERRUPT)
+            self._irq_off = True
 
     def drain(self) -> list[T]:
         """Take back every request in flight (device reset); tokens in head order."""

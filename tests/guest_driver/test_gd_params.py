@@ -19,6 +19,9 @@ def test_defaults_and_values() -> None:
     assert p.breaks == {"recovery/no-watchdog", "recovery/no-lost-irq-poll"}
     assert parse_cmdline(p.cmdline()) == p and DriverParams().cmdline() == ""
     assert set(KNOWN) >= p.breaks
+    assert not p.poll_wait and parse_cmdline("va1.poll_wait=0") == DriverParams()
+    polled = parse_cmdline("va1.poll_wait=1")
+    assert polled.poll_wait and parse_cmdline(polled.cmdline()) == polled
 
 
 @pytest.mark.parametrize("cmdline,message", [
@@ -28,6 +31,7 @@ def test_defaults_and_values() -> None:
     ("va1.watchdog_ns=0", "out of range"),
     ("va1.watchdog_ns=-5", "out of range"),
     ("va1.break=recovery/everything", "unknown breakage 'recovery/everything'"),
+    ("va1.poll_wait=yes", "poll_wait='yes': 0 or 1"),
 ])
 def test_bad_tokens_are_named(cmdline: str, message: str) -> None:
     with pytest.raises(ParamError, match=message):
