@@ -19,6 +19,8 @@ class FakeDma:
         self.mem = np.zeros(size, dtype=np.uint8)
         self.log: list[tuple[str, int, int]] = []   # every device access
         self.holes: list[tuple[int, int]] = []       # unmapped ranges inside RAM
+        # Set to an int to offer ports.DmaPort's optional ring views (None: no views).
+        self.view_epoch: int | None = None
 
     def _off(self, iova: int, length: int, write: bool) -> int:
         off = iova - self.base
@@ -42,6 +44,16 @@ class FakeDma:
         self.log.append(("write", iova, len(buf)))
         off = self._off(iova, len(buf), True)
         self.mem[off:off + len(buf)] = buf
+
+    def ring_view(self, iova: int, length: int) -> memoryview | None:
+        try:
+            off = self._off(iova, length, False)
+        except DmaFault:
+            return None
+        return memoryview(self.mem)[off:off + length]
+
+    def probe_view(self, iova: int, length: int) -> None:
+        self._off(iova, length, False)
 
     def view(self, iova: int, length: int) -> np.ndarray:
         self.log.append(("view", iova, length))

@@ -145,6 +145,7 @@ CASES: list[tuple[str, Callable[[Rig, MockSplitQueue], None], bool]] = [
 def check_broken(rig: Rig, rule: str, queue: int = Q) -> None:
     q = rig.queues[queue]
     before = len(rig.dma.log)
+    memory = rig.dma.mem.copy()   # ring views bypass the log
     used_before = q.used_idx()
     rig.kick(queue)
     rig.clock.run()
@@ -155,14 +156,23 @@ def check_broken(rig: Rig, rule: str, queue: int = Q) -> None:
     assert rig.irq.level
     assert q.used_idx() == used_before
     assert not [e for e in rig.dma.log[before:] if e[0] == "write"], "device wrote memory"
+    assert (rig.dma.mem == memory).all(), "device wrote memory"
 
 
+@pytest.mark.parametrize("views", [False, True], ids=["dma", "ring-view"])
 @pytest.mark.parametrize("rule,build,_", CASES, ids=[f"{c[0]}-{c[1].__name__}" for c in CASES])
-def test_broken_ring(rule: str, build: Callable[[Rig, MockSplitQueue], None], _: bool) -> None:
+def test_broken_ring(rule: str, build: Callable[[Rig, MockSplitQueue], None], _: bool,
+                     views: bool) -> None:
+    """Each rule, with the ring read through DMA calls and through one ring view (a
+    port that offers ports.DmaPort.ring_view): the same rule, nothing written."""
     rig = Rig(qsize=8)
+    if views:
+        rig.dma.view_epoch = 0
     cid = rig.create_context()
     assert cid == 1
     build(rig, rig.queues[Q])
+    ring = rig.dev.queues[Q]
+    assert (ring._ring_mem(rig.dma) is not None) == views   # type: ignore[attr-defined]
     check_broken(rig, rule)
     # All queues of the function stop: a control request is not served.
     ctl = rig.queues[0]

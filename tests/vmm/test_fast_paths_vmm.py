@@ -191,3 +191,23 @@ def test_guest_dma_fast_checks_fault_like_before() -> None:
             with pytest.raises(DmaFault, match=reason):
                 op()
     assert dma.bytes_written == 6 and dma.bytes_read == 6
+
+
+def test_guest_dma_ring_views_end_when_a_fault_plan_watches() -> None:
+    from vmm.dma import GuestDma
+
+    class Refuse:
+        def dma(self, iova: int, length: int, reads: bool, writes: bool) -> str | None:
+            return "refused"
+
+    mem = GuestMemory(HostMemory(1 << 16), 0x1000, 0x2000)
+    dma = GuestDma(mem)
+    view = dma.ring_view(0x1000, 16)
+    assert view is not None and dma.view_epoch == 0
+    view[0:2] = b"xy"
+    assert mem.read(0x1000, 2) == b"xy"   # the same bytes as the guest's
+    assert dma.ring_view(0xfff, 16) is None and dma.ring_view(0x2ff8, 16) is None
+    dma.fault_hook = Refuse()
+    assert dma.view_epoch == 1 and dma.ring_view(0x1000, 16) is None
+    dma.fault_hook = None
+    assert dma.view_epoch == 2 and dma.ring_view(0x1000, 16) is not None
