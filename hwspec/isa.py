@@ -27,6 +27,8 @@ class Opcode(IntEnum):
     GEMM_BATCHED = 0x13  # strided batched GEMM (attention), leading dimensions per operand
     COMPARE = 0x14       # comparisons and logic -> an I8 mask of 0 / 1
     SELECT = 0x15        # out = cond != 0 ? a : b (Where)
+    QUANTIZE_DYNAMIC = 0x16    # QUANTIZE with the scale and zero point of x's run-time range
+    DEQUANTIZE_DYNAMIC = 0x17  # int8 GEMM sums -> floats with run-time and per-channel scales
     CONV2D = 0x18
     SOFTMAX = 0x19
     LAYERNORM = 0x1A
@@ -145,6 +147,13 @@ POOL_COUNT_INCLUDE_PAD = 1 << 0   # AVG divides by the taps inside the padded in
 POOL_CEIL = 1 << 1                # output extent rounded up (ONNX ceil_mode)
 POOL_FLAGS_ALL = POOL_COUNT_INCLUDE_PAD | POOL_CEIL
 
+# DEQUANTIZE_DYNAMIC header flags.
+DQD_BIAS = 1 << 0
+DQD_FLAGS_ALL = DQD_BIAS
+
+# QUANTIZE_DYNAMIC writes, and DEQUANTIZE_DYNAMIC reads, this record at `qparams`.
+QPARAMS = Layout("va1_qparams", (("scale", "f"), ("zero_point", "i")))
+
 # WAIT: polling in virtual time. The first poll is at the command's start; the next
 # ones follow after WAIT_POLL_MIN_NS, doubling up to WAIT_POLL_MAX_NS (backoff).
 WAIT_POLL_MIN_NS = 1_000
@@ -231,6 +240,13 @@ PAYLOAD: dict[Opcode, Layout] = {
         ("x", "Q"), ("y", "Q"))),
     Opcode.QUANTIZE: _QUANT,
     Opcode.DEQUANTIZE: _QUANT,
+    Opcode.QUANTIZE_DYNAMIC: Layout("va1_quant_dynamic", (
+        ("dtype", "B"), ("int_dtype", "B"), ("reserved", "H"), ("reserved2", "I"),
+        ("count", "Q"), ("x", "Q"), ("y", "Q"), ("qparams", "Q"))),
+    Opcode.DEQUANTIZE_DYNAMIC: Layout("va1_dequant_dynamic", (
+        ("dtype", "B"), ("activation", "B"), ("reserved", "H"), ("channels", "I"),
+        ("inner", "I"), ("reserved2", "I"), ("count", "Q"), ("x", "Q"), ("y", "Q"),
+        ("qparams", "Q"), ("wscale", "Q"), ("wsum", "Q"), ("bias", "Q"))),
     Opcode.SIGNAL: Layout("va1_signal", (("addr", "Q"), ("value", "Q"))),
     Opcode.TIMESTAMP: Layout("va1_timestamp", (("addr", "Q"),)),
     Opcode.WAIT: Layout("va1_wait", (("addr", "Q"), ("value", "Q"))),

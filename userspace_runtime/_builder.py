@@ -1,6 +1,6 @@
 """Encoding, decoding and disassembly of VA-1 command buffers (ISA 1.0 and its
 additions: COPY, GATHER, GEMM_BATCHED, COMPARE, SELECT, CONV2D, POOL2D, SOFTMAX, LAYERNORM, REDUCE, QUANTIZE,
-DEQUANTIZE, CALL).
+DEQUANTIZE, QUANTIZE_DYNAMIC, DEQUANTIZE_DYNAMIC, CALL).
 
 Every number comes from `hwspec.isa`: opcodes, header and payload layouts, flags and
 enums. Fields are packed by name from the hwspec `Layout`s, so a layout change there is
@@ -864,6 +864,64 @@ class CommandBufferBuilder:
         return self._quant(Opcode.DEQUANTIZE, dtype, src_dtype, count, x, y, scale,
                            zero_point, name)
 
+    def quantize_dynamic(self, *, count: IntLike, x: IntLike, y: IntLike, qparams: IntLike,
+                         dtype: DType | int | str = DType.F32,
+                         name: str | None = None) -> int:
+        """QUANTIZE with the scale and zero point of x's run-time range (widened to hold
+        0, on int8's 256 codes), which it also writes to the 8-byte record at `qparams`
+        (scale f32, zero point i32) for DEQUANTIZE_DYNAMIC."""
+        what = "QUANTIZE_DYNAMIC"
+        dt = _float_dtype(dtype, what)
+        count = _uint(count, f"{what} count", U64_MAX, minimum=1)
+        xa, ya, qa = _addr(x, f"{what} x"), _addr(y, f"{what} y"), _addr(qparams,
+                                                                         f"{what} qparams")
+        _range(xa, count * isa.DTYPE_SIZE[dt], f"{what} x")
+        _range(ya, count, f"{what} y")
+        _range(qa, isa.QPARAMS.size, f"{what} qparams")
+        return self._emit(Opcode.QUANTIZE_DYNAMIC, 0,
+                          {"dtype": dt, "int_dtype": DType.I8, "count": count, "x": xa,
+                           "y": ya, "qparams": qa},
+                          name or f"{what} {dt.name.lower()}->i8 count={count}")
+
+    def dequantize_dynamic(self, *, count: IntLike, channels: IntLike, inner: IntLike = 1,
+                           x: IntLike, y: IntLike, qparams: IntLike, wscale: IntLike,
+                           wsum: IntLike, bias: IntLike | None = None,
+                           activation: Activation | int | str | None = None,
+                           dtype: DType | int | str = DType.F32,
+                           name: str | None = None) -> int:
+        """int8 GEMM sums x (I32, [count / (channels * inner), channels, inner]) to
+        y = act(f32(x - zp * wsum[c]) * (scale * wscale[c]) + bias[c]), with (scale, zp)
+        read from the record QUANTIZE_DYNAMIC wrote at `qparams` at run time."""
+        what = "DEQUANTIZE_DYNAMIC"
+        dt = _float_dtype(dtype, what)
+        act = as_activation(activation)
+        if act not in (Activation.NONE, Activation.RELU):
+            raise ValueError(f"{what} activation {act.name} (only NONE, RELU)")
+        count = _uint(count, f"{what} count", U64_MAX, minimum=1)
+        ch = _uint(channels, f"{what} channels", U32_MAX, minimum=1)
+        inn = _uint(inner, f"{what} inner", U32_MAX, minimum=1)
+        if count % (ch * inn):
+            raise ValueError(f"{what} count {count} is not a multiple of channels * inner "
+                             f"({ch} * {inn})")
+        fields: dict[str, int | float] = {"dtype": dt, "activation": act, "channels": ch,
+                                          "inner": inn, "count": count}
+        sizes = {"x": count * 4, "y": count * isa.DTYPE_SIZE[dt], "qparams": isa.QPARAMS.size,
+                 "wscale": ch * 4, "wsum": ch * 4, "bias": ch * 4}
+        flags = 0
+        for key, v in (("x", x), ("y", y), ("qparams", qparams), ("wscale", wscale),
+                       ("wsum", wsum), ("bias", bias)):
+            if v is None:
+                continue
+            fields[key] = _addr(v, f"{what} {key}")
+            _range(int(fields[key]), sizes[key], f"{what} {key}")
+        if bias is not None:
+            flags |= isa.DQD_BIAS
+        extra = (" +bias" if bias is not None else "") + (
+            f" {act.name.lower()}" if act != Activation.NONE else "")
+        return self._emit(Opcode.DEQUANTIZE_DYNAMIC, flags, fields,
+                          name or f"{what} i32->{dt.name.lower()} count={count} "
+                                  f"channels={ch} inner={inn}{extra}")
+
     def call(self, addr: IntLike, size: IntLike, *, name: str | None = None) -> int:
         """CALL the command buffer of `size` bytes (> 0, a multiple of 8) at host IOVA
         `addr`; it is validated with the caller, before anything runs."""
@@ -984,7 +1042,8 @@ def _format_field(cmd: DecodedCommand, key: str, value: int | float) -> str:
         except ValueError:
             pass
     elif key in ("src", "dst", "a", "b", "c", "bias", "out", "addr", "pattern", "x", "y",
-                 "weight", "gamma", "beta", "table", "indices", "cond"):
+                 "weight", "gamma", "beta", "table", "indices", "cond", "qparams", "wscale",
+                 "wsum"):
         return f"{key}={value:#x}"
     return f"{key}={value}"
 

@@ -161,16 +161,19 @@ class _Checker:
             raise self.fail(Status.BAD_SHAPE, f"byte size {n:#x} overflows 64 bits")
         return n
 
-    def device(self, addr: int, size: int, what: str) -> np.ndarray:
+    def device(self, addr: int, size: int, what: str,
+               written: bool | None = None) -> np.ndarray:
         """A device operand: a context VA range, translated through the context's
-        mappings (destinations need WRITE, sources READ) to function memory."""
+        mappings (destinations need WRITE, sources READ) to function memory; `written`
+        overrides the guess from the operand's name."""
         aspace = self.env.aspace
+        w = what in _WRITTEN if written is None else written
         if aspace is not None and not (BREAKS and "ctx/ignore-address-space" in BREAKS):
-            pa = aspace.translate(addr, size, what in _WRITTEN)
+            pa = aspace.translate(addr, size, w)
             if pa < 0:
                 raise self.fail(Status.OUT_OF_BOUNDS,
                                 f"{what} [{addr:#x}, +{size:#x}) not inside one "
-                                f"{'writable' if what in _WRITTEN else 'readable'} "
+                                f"{'writable' if w else 'readable'} "
                                 "mapping of the context")
             addr = pa
         if not self.env.memory.contains(addr, size) and not (
@@ -793,6 +796,54 @@ def _resolve_quant(ck: _Checker, opcode: Opcode, p: tuple) -> Command:  # type: 
     return Command(opcode, ck.offset, cost, dtype=dt, run=run)
 
 
+def _resolve_quant_dynamic(ck: _Checker, flags: int, p: tuple) -> Command:  # type: ignore[type-arg]
+    dtype_v, int_v, reserved, reserved2, count, x, y, qparams = p
+    ck.zero(reserved, "reserved")
+    ck.zero(reserved2, "reserved2")
+    dt = ck.dtype(dtype_v)
+    idt = ck.dtype(int_v, frozenset({DType.I8}))
+    ck.shape(count=count)
+    xv = ck.typed(x, dt, (count,), "x")
+    yv = ck.typed(y, idt, (count,), "y")
+    qv = ck.device(qparams, isa.QPARAMS.size, "qparams", written=True)
+    cost = _cost(ck, dt, 3 * count, 2 * xv.nbytes + yv.nbytes + isa.QPARAMS.size)
+    return Command(Opcode.QUANTIZE_DYNAMIC, ck.offset, cost, dtype=dt,
+                   run=_bind(ck, kernels.quantize_dynamic, {"x": xv, "y": yv}, "y",
+                             qparams=qv))
+
+
+def _resolve_dequant_dynamic(ck: _Checker, flags: int, p: tuple) -> Command:  # type: ignore[type-arg]
+    (dtype_v, act, reserved, channels, inner, reserved2, count, x, y, qparams, wscale,
+     wsum, bias) = p
+    if flags & ~isa.DQD_FLAGS_ALL:
+        raise ck.fail(Status.BAD_ARG, f"DEQUANTIZE_DYNAMIC flags {flags:#x}")
+    ck.zero(reserved, "reserved")
+    ck.zero(reserved2, "reserved2")
+    ck.enum(isa.Activation, act, "activation")
+    if act not in (isa.Activation.NONE, isa.Activation.RELU):
+        raise ck.fail(Status.BAD_ARG, f"activation {act} (NONE or RELU only)")
+    dt = ck.dtype(dtype_v)
+    ck.dtype(DType.I32, isa.INT_DTYPES)        # the sums it reads
+    ck.shape(count=count, channels=channels, inner=inner)
+    if count % (channels * inner):
+        raise ck.fail(Status.BAD_SHAPE, f"count {count} not a multiple of channels * inner "
+                                        f"({channels} * {inner})")
+    shape = (count // (channels * inner), channels, inner)
+    xv = ck.typed(x, DType.I32, shape, "x")
+    yv = ck.typed(y, dt, shape, "y")
+    qv = ck.device(qparams, isa.QPARAMS.size, "qparams")
+    sv = ck.typed(wscale, DType.F32, (channels,), "wscale")
+    mv = ck.typed(wsum, DType.I32, (channels,), "wsum")
+    bv = ck.typed(bias, DType.F32, (channels,), "bias") if flags & isa.DQD_BIAS else None
+    vec = sv.nbytes + mv.nbytes + (0 if bv is None else bv.nbytes)
+    cost = _cost(ck, dt, 3 * count, xv.nbytes + yv.nbytes + isa.QPARAMS.size + vec)
+    run = _bind(ck, kernels.dequantize_dynamic, {"x": xv, "qparams": qv, "wscale": sv,
+                                                  "wsum": mv, "bias": bv, "y": yv}, "y",
+                relu=act == isa.Activation.RELU)
+    return Command(Opcode.DEQUANTIZE_DYNAMIC, ck.offset, cost, dtype=dt, activation=act,
+                   run=run)
+
+
 def _resolve_call(ck: _Checker, flags: int, p: tuple,  # type: ignore[type-arg]
                   out: list[Command]) -> None:
     """Validate the callee now (before anything runs) and splice its commands in."""
@@ -897,6 +948,9 @@ OPS: dict[Opcode, OpSpec] = {
                             ex.bound_kernel),
     Opcode.DEQUANTIZE: OpSpec(_one(lambda ck, f, p: _resolve_quant(ck, Opcode.DEQUANTIZE, p)),
                               ex.bound_kernel),
+    Opcode.QUANTIZE_DYNAMIC: OpSpec(_one(_resolve_quant_dynamic), ex.bound_kernel),
+    Opcode.DEQUANTIZE_DYNAMIC: OpSpec(_one(_resolve_dequant_dynamic), ex.bound_kernel,
+                                      checks_flags=True),
     Opcode.SIGNAL: OpSpec(_one(_resolve_fence(Opcode.SIGNAL)), ex.signal,
                           host_bytes=_u64_host_bytes, host_writes=True),
     Opcode.TIMESTAMP: OpSpec(_one(_resolve_timestamp), ex.timestamp,

@@ -97,8 +97,10 @@ def test_relu_inputs_get_a_zero_point_and_padding_holds_it_on_the_device() -> No
     g = models.resnet_stage(hw=8, c=8, stem=False)
     shape = (1, 8, 8, 8)
     cal = [_image(s, shape) for s in (10, 11, 12)]
-    res = compile_graph(g, options=CompileOptions(calibration=cal, int8_min_cosine=None))
+    res = compile_graph(g, options=CompileOptions(calibration=cal, int8_min_cosine=None,
+                                                  int8_scales="static"))
     assert res.int8 is not None and res.int8.kept_f32 == [] and res.int8.cosine is None
+    assert res.int8.scales == "static" and "QUANTIZE_DYNAMIC" not in res.disassembly
     padded = [n for n in res.graph.nodes if n.op == "conv2d" and n.attrs.get("pad_value")]
     # the raw image is signed (a zero point near 0); the ReLU outputs' is -128
     assert sum(n.attrs["pad_value"] == -128 for n in padded) >= 2
@@ -108,6 +110,43 @@ def test_relu_inputs_get_a_zero_point_and_padding_holds_it_on_the_device() -> No
     np.testing.assert_allclose(out, run_reference(res.graph, feeds)["logits"], rtol=0,
                                atol=1e-6 * float(np.max(np.abs(out))))
     assert _cos(out, run_reference(g, feeds)["logits"]) >= 0.999
+
+
+def test_dynamic_scales_follow_the_input_at_run_time_on_the_device() -> None:
+    """Dynamic scales: each int8 layer is QUANTIZE_DYNAMIC -> int8 GEMMs -> one
+    DEQUANTIZE_DYNAMIC, a padded conv's input padded in f32 first (no FILL of a zero
+    point); the device computes what the graph's numpy reference does. An input 40x the
+    calibration feeds' range keeps its cosine (its scale is its own), where static scales
+    calibrated on those feeds clip it."""
+    g = models.resnet_stage(hw=8, c=8, stem=False)
+    shape = (1, 8, 8, 8)
+    cal = [_image(s, shape) for s in (10, 11, 12)]
+    res = compile_graph(g, options=CompileOptions(calibration=cal, int8_min_cosine=None))
+    assert res.int8 is not None and res.int8.scales == "dynamic" and not res.int8.kept_f32
+    ops = [n.op for n in res.graph.nodes]
+    assert ops.count("quantize_dynamic") == ops.count("dequantize_dynamic") == 6
+    assert "quantize" not in ops and "dequantize" not in ops
+    assert all(not any(n.attrs["padding"]) for n in res.graph.nodes if n.op == "conv2d")
+    text = res.disassembly
+    assert text.count("QUANTIZE_DYNAMIC len=48") == 6 and "(fill" not in text
+    assert "DEQUANTIZE_DYNAMIC" in text and "activation=RELU" in text
+    big = {"image": _image(13, shape)["image"] * 40}
+    out = run_on_device(res, big, int8=True)["logits"]
+    np.testing.assert_allclose(out, run_reference(res.graph, big)["logits"], rtol=0,
+                               atol=1e-6 * float(np.max(np.abs(out))))
+    f32 = run_reference(g, big)["logits"]
+    assert _cos(out, f32) >= 0.999
+    static = compile_graph(g, options=CompileOptions(calibration=cal, int8_min_cosine=None,
+                                                     int8_scales="static"))
+    assert _cos(run_reference(static.graph, big)["logits"], f32) < 0.99
+
+
+def test_int8_scales_mistake() -> None:
+    from userspace_runtime.compiler import GraphError
+    g = models.resnet_stage(hw=8, c=8, stem=False)
+    with pytest.raises(GraphError, match="int8 scales must be one of dynamic, static"):
+        compile_graph(g, options=CompileOptions(calibration=[_image(1, (1, 8, 8, 8))],
+                                                int8_scales="runtime"))
 
 
 @pytest.mark.parametrize("pad_value, dtype, message", [
@@ -232,13 +271,15 @@ def test_cli_int8_on_transformer_linear_layers_reports_layers_and_error(
     doc = json.loads(capsys.readouterr().out)
     layers = doc["int8_layers"]
     assert len(layers["int8"]) == doc["passes"]["quantize_int8"] == 4 and layers["f32"] == []
-    assert layers["min_cosine"] == 0.995 and layers["worst_feed_cosine"] >= 0.995
+    assert layers["min_cosine"] == 0.998 and layers["worst_feed_cosine"] >= 0.998
+    assert layers["scales"] == "dynamic"
     (err,) = doc["int8_error"].values()
     assert err["cosine"] >= 0.999 and 0 < err["max_rel_err"] < 0.05
     assert cli_main(base) == 0
     text = capsys.readouterr().out
     assert "int8 layers" in text and "4 int8, 0 kept f32" in text
-    assert "int8 worst feed cosine" in text and "fallback target 0.995" in text
+    assert "int8 worst feed cosine" in text and "fallback target 0.998" in text
+    assert "int8 activation scales" in text and "dynamic (taken at run time)" in text
     inputs = tmp_path / "in.npz"
     np.savez(inputs, **fx.inputs)
     assert cli_main(["run", str(out), "--inputs", str(inputs), "--out",
@@ -276,6 +317,37 @@ def test_cli_int8_min_cosine(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert "--int8-min-cosine is for --int8" in capsys.readouterr().err and not out.exists()
 
 
+def test_cli_int8_scales(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--int8-scales static puts calibrated immediates in QUANTIZE / DEQUANTIZE, the
+    default dynamic QUANTIZE_DYNAMIC / DEQUANTIZE_DYNAMIC; both run on the device; an
+    unknown value or one without --int8 is refused."""
+    fx = model_fixtures.load("mlp")
+    inputs = tmp_path / "in.npz"
+    np.savez(inputs, **fx.inputs)
+    base = ["compile", str(fx.path), "--int8", "--calibrate", str(inputs)]
+    for scales, opcode in (("static", "QUANTIZE"), (None, "QUANTIZE_DYNAMIC")):
+        out = tmp_path / f"{scales}.vaelf"
+        extra = [] if scales is None else ["--int8-scales", scales]
+        assert cli_main(base + ["-o", str(out), *extra, "--json", "-"]) == 0
+        doc = json.loads(capsys.readouterr().out)
+        assert doc["int8_layers"]["scales"] == (scales or "dynamic")
+        from userspace_runtime.codeobject import read
+        from userspace_runtime.commands import decode
+        names = {c.opcode_name for c in decode(read(out.read_bytes()).text)}
+        assert opcode in names and ({"QUANTIZE_DYNAMIC", "QUANTIZE"} - {opcode}) & names \
+            == set()
+        assert cli_main(["run", str(out), "--inputs", str(inputs), "--out",
+                         str(tmp_path / "o.npz")]) == 0
+        capsys.readouterr()
+        with np.load(tmp_path / "o.npz") as z:
+            assert _cos(z["logits"], fx.expected["logits"]) >= 0.99
+    out = tmp_path / "bad.vaelf"
+    assert cli_main(base + ["-o", str(out), "--int8-scales", "runtime"]) == 2
+    assert "invalid choice: 'runtime'" in capsys.readouterr().err and not out.exists()
+    assert cli_main(["compile", str(fx.path), "-o", str(out), "--int8-scales", "static"]) == 2
+    assert "--int8-scales is for --int8" in capsys.readouterr().err and not out.exists()
+
+
 def test_cli_calibration_npy_and_feed_counts(tmp_path: Path,
                                              capsys: pytest.CaptureFixture[str]) -> None:
     np.save(tmp_path / "cal.npy", np.zeros((4, 64), np.float32))
@@ -306,18 +378,20 @@ def test_cli_calibration_npy_and_feed_counts(tmp_path: Path,
 
 # The seven CNNs' fixtures have random weights and BatchNorms calibrated to unit variance:
 # such a net amplifies a small perturbation layer after layer (ResNet-50: 1% noise at the
-# stem alone costs 3.5% cosine at the logits, at layer4 0.005%), and a new input's
-# activations often leave the calibration feeds' ranges (a deep 2x2 map has few values).
-# The compiler answers with asymmetric activations, headroom, and the accuracy fallback
-# that keeps the costliest layers in f32; PTQ also needs a calibration set like the
-# inputs it will see: the fixture input and seven more drawn like it.
+# stem alone costs 3.5% cosine at the logits, at layer4 0.005%). Dynamic activation
+# scales remove the calibration's share of the error (a new input's range is its own);
+# int8's resolution still costs some layers more than the bar allows, so the accuracy
+# fallback keeps those in f32, chosen on the calibration feeds: the fixture input and
+# seven more drawn like it. The bar is checked on other random inputs, each one.
 _CAL_FEEDS = 8
+_BAR_SEED0 = 5000          # the inputs the bar is checked on: seeds 5000, 5001, ...
+_BAR_FAST, _BAR_CAMPAIGN = 6, 50
 
 
-@pytest.mark.parametrize("name", ["mlp", *model_fixtures.CNNS])
-def test_int8_fixture_keeps_cosine_to_f32(name: str) -> None:
-    """The real models' int8 versions (calibrated on their fixture input and seven more
-    random inputs, checked on another) keep cosine >= 0.99 to f32."""
+def _fixture_bar(name: str, inputs: int) -> None:
+    """Compile the fixture to int8 (the CLI's defaults) and check that on `inputs` random
+    inputs none of the calibration feeds, every output's cosine to f32 is >= 0.99, input
+    by input (the seed of each is printed, and named when it fails)."""
     from userspace_runtime.onnx_import import import_model
     fx = model_fixtures.load(name)
     graph = import_model(str(fx.path))
@@ -328,10 +402,55 @@ def test_int8_fixture_keeps_cosine_to_f32(name: str) -> None:
 
     cal = [fx.inputs, *(draw(100 + i) for i in range(_CAL_FEEDS - 1))]
     result = compile_graph(graph, options=CompileOptions(calibration=cal))
-    assert result.int8 is not None and result.int8.min_cosine == 0.995
-    assert result.passes["quantize_int8"] == len(result.int8.quantized) >= 1
-    assert result.int8.cosine is not None and result.int8.cosine >= 0.995
+    r = result.int8
+    assert r is not None and r.scales == "dynamic" and r.min_cosine == 0.998
+    assert result.passes["quantize_int8"] == len(r.quantized) >= 1
+    assert r.cosine is not None and r.cosine >= 0.998
     assert all(q.cosine >= 0.99 for q in result.quantization), result.quantization
-    other = draw(9)
-    for out, f32 in run_reference(graph, other).items():
-        assert _cos(run_reference(result.graph, other)[out], f32) >= 0.99, out
+    print(f"{name}: {len(r.quantized)} int8, {len(r.kept_f32)} kept f32")
+    low = []
+    for seed in range(_BAR_SEED0, _BAR_SEED0 + inputs):
+        feed = draw(seed)
+        got = run_reference(result.graph, feed)
+        for out, f32 in run_reference(graph, feed).items():
+            c = _cos(got[out], f32)
+            print(f"{name} seed {seed} {out}: cosine {c:.6f}")
+            if c < 0.99:
+                low.append(f"seed {seed} {out}: cosine {c:.6f}")
+    assert not low, f"{name}: int8 cosine to f32 below 0.99 on " + ", ".join(low)
+
+
+@pytest.mark.parametrize("name", ["mlp", *model_fixtures.CNNS])
+def test_int8_fixture_keeps_cosine_to_f32(name: str) -> None:
+    """The real models' int8 versions keep cosine >= 0.99 to f32 on every one of
+    _BAR_FAST random inputs the calibration did not see."""
+    _fixture_bar(name, _BAR_FAST)
+
+
+@pytest.mark.campaign
+@pytest.mark.parametrize("name", model_fixtures.CNNS)
+def test_int8_fixture_keeps_cosine_to_f32_on_50_inputs(name: str) -> None:
+    """The same bar on 50 random inputs per CNN."""
+    _fixture_bar(name, _BAR_CAMPAIGN)
+
+
+@pytest.mark.parametrize("name", ["resnet18", "efficientnet_b0"])
+def test_int8_fixture_runs_on_the_device_as_its_reference(name: str) -> None:
+    """A real CNN in dynamic int8 on the device (QUANTIZE_DYNAMIC's record, the int8
+    GEMMs, DEQUANTIZE_DYNAMIC) gives the numpy reference's result and stays near f32.
+    Not bit for bit: the layers kept f32 sum in another order on the device (1e-7), which
+    can move an int8 code downstream, and these nets amplify that (up to ~1e-2)."""
+    from userspace_runtime.onnx_import import import_model
+    fx = model_fixtures.load(name)
+    graph = import_model(str(fx.path))
+    (inp, arr), = fx.inputs.items()
+    feeds = {inp: np.random.default_rng(_BAR_SEED0).standard_normal(arr.shape)
+             .astype(arr.dtype)}
+    res = compile_graph(graph, options=CompileOptions(calibration=[fx.inputs]))
+    assert res.int8 is not None and res.int8.quantized
+    assert "QUANTIZE_DYNAMIC" in res.disassembly and "DEQUANTIZE_DYNAMIC" in res.disassembly
+    out = run_on_device(res, feeds, int8=True)
+    for k, ref in run_reference(res.graph, feeds).items():
+        print(f"{name} {k}: device vs reference cosine {_cos(out[k], ref):.7f}")
+        assert _cos(out[k], ref) >= 0.9995
+        assert _cos(out[k], run_reference(graph, feeds)[k]) >= 0.99

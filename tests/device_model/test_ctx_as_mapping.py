@@ -199,3 +199,33 @@ def test_card_memory_scrub_zeroes_exactly_the_range() -> None:
     p = m.partition(8192, 4096)
     p.write(0, b"\x01\x02")
     assert m.data[8192] == 1 and p.base == 8192 and p.size == 4096
+
+
+def test_qparams_record_is_written_by_quantize_dynamic_and_read_by_dequantize() -> None:
+    """QUANTIZE_DYNAMIC writes its qparams record: a read-only mapping refuses it at
+    validation (nothing runs); DEQUANTIZE_DYNAMIC only reads it: read-only is enough."""
+    from hwspec import isa
+    from hwspec.isa import Opcode
+
+    def enc(op: Opcode, **f: int) -> bytes:
+        lay = isa.PAYLOAD[op]
+        return struct.pack("<HHI", op, 0, isa.command_length(op)) + struct.pack(
+            lay.format, *(f.get(n, 0) for n in lay.names))
+
+    rig = _pci()
+    c = rig.create_context(flat=False)
+    assert _map(rig, c, 0, 0, PAGE) == OK
+    assert _map(rig, c, PAGE, PAGE, PAGE, R) == OK
+    rig.dev.memory.data[PAGE:PAGE + 8] = 0x55
+    q = enc(Opcode.QUANTIZE_DYNAMIC, count=16, int_dtype=2, x=0, y=64, qparams=PAGE)
+    r = rig.submit(c, _fill(128, 8, 1) + q)
+    assert (r.status, r.error_offset) == (OOB, 32)
+    assert bytes(rig.dev.memory.data[PAGE:PAGE + 8]) == b"\x55" * 8
+    assert bytes(rig.dev.memory.data[128:136]) == bytes(8)        # nothing ran
+    c = rig.create_context(flat=False)
+    assert _map(rig, c, 0, 0, PAGE) == OK
+    assert _map(rig, c, PAGE, PAGE, PAGE, R) == OK
+    rig.dev.memory.data[PAGE:PAGE + 8] = list(struct.pack("<fi", 1.0, 0))
+    dq = enc(Opcode.DEQUANTIZE_DYNAMIC, channels=1, inner=1, count=4, x=0, y=64,
+             qparams=PAGE, wscale=PAGE, wsum=PAGE + 4)
+    assert rig.submit(c, dq).status == OK

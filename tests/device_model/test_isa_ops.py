@@ -1,6 +1,6 @@
 """ISA additions (spec §7) against numpy: CONV2D, SOFTMAX, LAYERNORM, REDUCE, the new
 ELEMENTWISE ops and broadcast form, GEMM epilogues and int8 GEMM, strided COPY,
-QUANTIZE / DEQUANTIZE, CALL, and their roofline times.
+QUANTIZE / DEQUANTIZE (static and dynamic), CALL, and their roofline times.
 
 Tolerances: f32 results within rtol 1e-5 (atol 1e-5) of a float64 reference; f16
 results within 1 f16 ulp (rtol 2^-10) of the float64 reference rounded to f16; GELU /
@@ -578,3 +578,146 @@ def test_roofline_of_new_opcodes(rig: Rig) -> None:
         r = rig.submit(cid, buf, fence=i + 1)
         assert r.status == 0, (i, r)
         assert r.end_ns - r.start_ns == expect, i
+
+
+# --- QUANTIZE_DYNAMIC / DEQUANTIZE_DYNAMIC -----------------------------------------------
+
+def qparams_ref(x: np.ndarray) -> tuple[float, int]:
+    """The spec's run-time qparams: the finite range widened to hold 0 on 256 codes."""
+    fin = x[np.isfinite(x)].astype(np.float64)
+    lo, hi = min(float(fin.min(initial=0.0)), 0.0), max(float(fin.max(initial=0.0)), 0.0)
+    scale = float(np.float32((hi - lo) / 255.0))
+    if scale == 0.0:
+        return 1.0, 0
+    return scale, int(np.clip(np.rint(-128.0 - lo / scale), -128, 127))
+
+
+@pytest.mark.parametrize("dtype,case", list(itertools.product(
+    [0, 1], ["normal", "relu", "negative", "special", "zeros"])))
+def test_quantize_dynamic_takes_the_range_at_run_time(rig: Rig, dtype: int, case: str) -> None:
+    rng = np.random.default_rng(SEED)
+    x = (rng.standard_normal(3000) * 7).astype(NPDT[dtype])
+    if case == "relu":
+        x = np.maximum(x, 0)
+    elif case == "negative":
+        x = -np.abs(x) - 1
+    elif case == "special":
+        x[[3, 50, 999]] = [np.nan, np.inf, -np.inf]
+    elif case == "zeros":
+        x[:] = 0
+    put(rig, 0, x)
+    put(rig, 65536, np.zeros(2, np.int32))
+    ok(rig, enc(Opcode.QUANTIZE_DYNAMIC, dtype=dtype, int_dtype=2, count=x.size, x=0,
+                y=32768, qparams=65536))
+    scale, zp = struct.unpack("<fi", rig.dev.memory.read(65536, 8))
+    assert (scale, zp) == qparams_ref(x)
+    got = get(rig, 32768, "i1", (x.size,))
+    fin = np.isfinite(x)
+    np.testing.assert_array_equal(got[fin], quant_ref(x[fin], scale, zp))
+    if case == "special":  # NaN and inf are left out of the range: NaN -> zp, inf saturate
+        assert got[[3, 50, 999]].tolist() == [zp, 127, -128]
+    if case == "normal":   # every code of the range is used, both ends reached
+        assert got.min() == -128 and got.max() == 127
+    if case == "relu":     # 0 is exact: the zero point is -128
+        assert zp == -128 and got[x == 0].tolist() == [-128] * int((x == 0).sum())
+    if case == "zeros":
+        assert (scale, zp) == (1.0, 0) and not got.any()
+
+
+@pytest.mark.parametrize("budget", [1, 4096, 1 << 24])
+def test_quantize_dynamic_in_tiles_matches_one_piece(budget: int) -> None:
+    """A budget too small for x in one piece: the range is still over all of x."""
+    from device_model.va1.ops import kernels
+    x = np.random.default_rng(SEED).standard_normal(5000).astype(np.float32)
+    x[4000] = 30.0                        # the peak, in a late tile
+    y, rec = np.zeros(x.size, np.int8), np.zeros(8, np.uint8)
+    kernels.quantize_dynamic(x, y, rec, budget=budget)
+    scale, zp = struct.unpack("<fi", rec.tobytes())
+    assert (scale, zp) == qparams_ref(x)
+    np.testing.assert_array_equal(y, quant_ref(x, scale, zp))
+
+
+def dequant_dynamic_ref(acc: np.ndarray, scale: float, zp: int, ws: np.ndarray,
+                        wsum: np.ndarray, bias: np.ndarray | None, relu: bool) -> np.ndarray:
+    t = (acc.astype(np.int64) - np.int64(zp) * wsum.astype(np.int64)[:, None]).astype(
+        np.float32)
+    t *= (np.float32(scale) * ws)[:, None]
+    if bias is not None:
+        t += bias[:, None]
+    return np.maximum(t, np.float32(0)) if relu else t
+
+
+@pytest.mark.parametrize("dtype,flags,act", [(0, isa.DQD_BIAS, Activation.RELU),
+                                             (0, 0, Activation.NONE),
+                                             (1, isa.DQD_BIAS, Activation.NONE)])
+def test_dequantize_dynamic_reads_the_record_and_the_channel_vectors(
+        rig: Rig, dtype: int, flags: int, act: int) -> None:
+    rng = np.random.default_rng(SEED)
+    outer, ch, inner = 3, 5, 7
+    lim = 2**31 if dtype == 0 else 2**20      # f16 results stay finite
+    acc = rng.integers(-lim, lim, (outer, ch, inner), dtype=np.int64).astype(np.int32)
+    ws = rng.uniform(1e-3, 1e-1, ch).astype(np.float32)
+    wsum = rng.integers(-5000, 5000, ch).astype(np.int32)
+    bias = rng.standard_normal(ch).astype(np.float32)
+    put(rig, 0, acc)
+    put(rig, 8192, np.frombuffer(struct.pack("<fi", 0.0421, -97), np.uint8))
+    put(rig, 8200, ws)
+    put(rig, 8300, wsum)
+    put(rig, 8400, bias)
+    ok(rig, enc(Opcode.DEQUANTIZE_DYNAMIC, flags, dtype=dtype, activation=act, channels=ch,
+                inner=inner, count=acc.size, x=0, y=16384, qparams=8192, wscale=8200,
+                wsum=8300, bias=8400))
+    ref = np.stack([dequant_dynamic_ref(a, 0.0421, -97, ws, wsum,
+                                        bias if flags else None, act == Activation.RELU)
+                    for a in acc]).astype(NPDT[dtype])
+    np.testing.assert_array_equal(get(rig, 16384, NPDT[dtype], acc.shape), ref)
+
+
+def test_dequantize_dynamic_in_place(rig: Rig) -> None:
+    """y over x (I32 -> F32, the same bytes): the sums are read before y is written."""
+    rng = np.random.default_rng(SEED)
+    acc = rng.integers(-10**6, 10**6, (2, 6, 100)).astype(np.int32)
+    ws = rng.uniform(0.5, 2, 6).astype(np.float32)
+    wsum = rng.integers(-99, 99, 6).astype(np.int32)
+    put(rig, 0, acc)
+    put(rig, 32768, np.frombuffer(struct.pack("<fi", 0.01, 3), np.uint8))
+    put(rig, 32776, ws)
+    put(rig, 32800, wsum)
+    ok(rig, enc(Opcode.DEQUANTIZE_DYNAMIC, dtype=0, channels=6, inner=100, count=acc.size,
+                x=0, y=0, qparams=32768, wscale=32776, wsum=32800))
+    ref = np.stack([dequant_dynamic_ref(a, 0.01, 3, ws, wsum, None, False) for a in acc])
+    np.testing.assert_array_equal(get(rig, 0, "<f4", acc.shape), ref)
+
+
+@pytest.mark.parametrize("budget", [1, 700, 1 << 24])
+def test_dequantize_dynamic_in_tiles(budget: int) -> None:
+    """Whole rows, channel blocks of one row, pieces of one channel: the same bits."""
+    from device_model.va1.ops import kernels
+    rng = np.random.default_rng(SEED)
+    acc = rng.integers(-10**6, 10**6, (2, 6, 100)).astype(np.int32)
+    ws = rng.uniform(0.5, 2, 6).astype(np.float32)
+    wsum = rng.integers(-99, 99, 6).astype(np.int32)
+    bias = rng.standard_normal(6).astype(np.float32)
+    rec = np.frombuffer(struct.pack("<fi", 0.01, -3), np.uint8)
+    y = np.full(acc.shape, np.nan, np.float32)
+    kernels.dequantize_dynamic(acc, rec, ws, wsum, bias, y, relu=True, budget=budget)
+    ref = np.stack([dequant_dynamic_ref(a, 0.01, -3, ws, wsum, bias, True) for a in acc])
+    np.testing.assert_array_equal(y, ref)
+
+
+def test_dynamic_quant_roofline_times(rig: Rig) -> None:
+    """QUANTIZE_DYNAMIC reads x twice (range, then codes); DEQUANTIZE_DYNAMIC reads the
+    sums, the record and the channel vectors once."""
+    ov, peak, bw = CFG.cmd_overhead_ns, CFG.peak_flops, CFG.mem_bandwidth
+
+    def t(flops: int, nbytes: int) -> int:
+        return ov + max(-(-flops * 10**9 // peak), -(-nbytes * 10**9 // bw))
+
+    count = 1 << 16
+    r = ok(rig, enc(Opcode.QUANTIZE_DYNAMIC, dtype=0, int_dtype=2, count=count, x=0,
+                    y=1 << 20, qparams=2 << 20))
+    assert r.end_ns - r.start_ns == t(3 * count, 2 * 4 * count + count + 8)
+    r = ok(rig, enc(Opcode.DEQUANTIZE_DYNAMIC, isa.DQD_BIAS, dtype=0, channels=64,
+                    inner=count // 64, count=count, x=0, y=1 << 20, qparams=2 << 20,
+                    wscale=3 << 20, wsum=3 << 20, bias=3 << 20), fence=2)
+    assert r.end_ns - r.start_ns == t(3 * count, 8 * count + 8 + 3 * 4 * 64)

@@ -69,6 +69,20 @@ def quant(op: Opcode, **kw: Any) -> bytes:
     return enc(op, **f)
 
 
+def qdyn(**kw: Any) -> bytes:
+    f = dict(dtype=0, int_dtype=2, count=16, x=0, y=4096, qparams=8192)
+    f.update(kw)
+    return enc(Opcode.QUANTIZE_DYNAMIC, **f)
+
+
+def dqdyn(flags: int = isa.DQD_BIAS, **kw: Any) -> bytes:
+    """[2, 4, 2] I32 sums, 4 channels."""
+    f = dict(dtype=0, channels=4, inner=2, count=16, x=0, y=4096, qparams=8192,
+             wscale=8200, wsum=8216, bias=8232)
+    f.update(kw)
+    return enc(Opcode.DEQUANTIZE_DYNAMIC, flags, **f)
+
+
 def elt(flags: int = 0, **kw: Any) -> bytes:
     f = dict(op=0, dtype=0, count=16, a=0, b=4096, out=8192)
     f.update(kw)
@@ -125,6 +139,13 @@ def cases(rig: Rig) -> list[tuple[str, bytes, Status]]:
         ("quant zp > 127", quant(Q, zero_point=128), Status.BAD_ARG),
         ("dequant zp < -128", quant(DQ, zero_point=-129), Status.BAD_ARG),
         ("quant reserved2", quant(Q, reserved2=1), Status.BAD_ARG),
+        ("quant dynamic flags", hdr(Opcode.QUANTIZE_DYNAMIC, 48, 1) + qdyn()[8:],
+         Status.BAD_ARG),
+        ("quant dynamic reserved2", qdyn(reserved2=1), Status.BAD_ARG),
+        ("dequant dynamic flag", dqdyn(flags=2), Status.BAD_ARG),
+        ("dequant dynamic reserved", dqdyn(reserved=1), Status.BAD_ARG),
+        ("dequant dynamic gelu", dqdyn(activation=2), Status.BAD_ARG),
+        ("dequant dynamic act 5", dqdyn(activation=5), Status.BAD_ARG),
         ("gemm i8 alpha", gemm(1, 1, 1, 0, 0, 0, dtype=2, alpha=2.0), Status.BAD_ARG),
         ("gemm i8 beta", gemm(1, 1, 1, 0, 0, 0, dtype=2, beta=0.5), Status.BAD_ARG),
         ("gemm i8 gelu", gemm(1, 1, 1, 0, 0, 0, dtype=2, act=2), Status.BAD_ARG),
@@ -144,6 +165,9 @@ def cases(rig: Rig) -> list[tuple[str, bytes, Status]]:
         ("quant from i8", quant(Q, dtype=2), Status.BAD_DTYPE),
         ("quant to i32", quant(Q, int_dtype=3), Status.BAD_DTYPE),
         ("dequant to f32", quant(DQ, int_dtype=0), Status.BAD_DTYPE),
+        ("quant dynamic from i32", qdyn(dtype=3), Status.BAD_DTYPE),
+        ("quant dynamic to i32", qdyn(int_dtype=3), Status.BAD_DTYPE),
+        ("dequant dynamic to i8", dqdyn(dtype=2), Status.BAD_DTYPE),
         ("copy unknown", copy(dtype=4), Status.BAD_DTYPE),
         ("elt i8", elt(dtype=2), Status.BAD_DTYPE),
         ("gemm i32", gemm(1, 1, 1, 0, 0, 0, dtype=3), Status.BAD_DTYPE),
@@ -178,6 +202,10 @@ def cases(rig: Rig) -> list[tuple[str, bytes, Status]]:
          Status.BAD_SHAPE),
         ("quant count 0", quant(Q, count=0), Status.BAD_SHAPE),
         ("quant count overflow", quant(DQ, int_dtype=3, count=2**62), Status.BAD_SHAPE),
+        ("quant dynamic count 0", qdyn(count=0), Status.BAD_SHAPE),
+        ("dequant dynamic channels 0", dqdyn(channels=0), Status.BAD_SHAPE),
+        ("dequant dynamic inner 0", dqdyn(inner=0), Status.BAD_SHAPE),
+        ("dequant dynamic count % (channels * inner)", dqdyn(count=12), Status.BAD_SHAPE),
         ("call size 0", enc(Opcode.CALL, addr=host, size=0), Status.BAD_SHAPE),
         ("call size % 8", enc(Opcode.CALL, addr=host, size=12), Status.BAD_SHAPE),
         # CALL limits
@@ -208,6 +236,18 @@ def cases(rig: Rig) -> list[tuple[str, bytes, Status]]:
         ("quant y (i8)", quant(Q, y=m - 15), Status.OUT_OF_BOUNDS),
         ("dequant x (i32)", quant(DQ, int_dtype=3, x=m - 60), Status.OUT_OF_BOUNDS),
         ("dequant y (f16)", quant(DQ, dtype=1, y=m - 30), Status.OUT_OF_BOUNDS),
+        ("quant dynamic x", qdyn(x=m - 60), Status.OUT_OF_BOUNDS),
+        ("quant dynamic y", qdyn(y=m - 15), Status.OUT_OF_BOUNDS),
+        ("quant dynamic qparams", qdyn(qparams=m - 4), Status.OUT_OF_BOUNDS),
+        ("quant dynamic qparams past end", qdyn(qparams=BIG - 4), Status.OUT_OF_BOUNDS),
+        ("dequant dynamic x (i32)", dqdyn(x=m - 60), Status.OUT_OF_BOUNDS),
+        ("dequant dynamic y", dqdyn(y=m - 60), Status.OUT_OF_BOUNDS),
+        ("dequant dynamic qparams", dqdyn(qparams=m - 7), Status.OUT_OF_BOUNDS),
+        ("dequant dynamic wscale", dqdyn(wscale=m - 12), Status.OUT_OF_BOUNDS),
+        ("dequant dynamic wsum", dqdyn(wsum=m - 12), Status.OUT_OF_BOUNDS),
+        ("dequant dynamic bias", dqdyn(bias=m - 12), Status.OUT_OF_BOUNDS),
+        ("dequant dynamic bias ignored without flag", dqdyn(0, bias=BIG - 1)
+         + dqdyn(0, wsum=m - 4), Status.OUT_OF_BOUNDS),
         ("gemm i8 c is i32", gemm(4, 4, 4, 0, 0, m - 60, dtype=2), Status.OUT_OF_BOUNDS),
         ("gemm i8 bias is i32", gemm(4, 4, 4, 0, 0, 0, bias=m - 12, dtype=2, flags=4),
          Status.OUT_OF_BOUNDS),
@@ -231,7 +271,8 @@ def test_each_rule_fails_with_status_offset_and_runs_nothing() -> None:
         prefix = fill(0, 16, 0) + signal(out, 1) + nop(16)  # 72 bytes
         cid = rig.create_context()
         r = rig.submit(cid, prefix + bad + nop(), fence=100 + i)
-        offset = 72 + (len(conv()) if what == "conv bias ignored without flag" else 0)
+        offset = 72 + {"conv bias ignored without flag": len(conv()),
+                       "dequant dynamic bias ignored without flag": len(dqdyn())}.get(what, 0)
         assert (Status(r.status), r.error_offset) == (status, offset), what
         assert r.end_ns == r.start_ns, what
         assert rig.dev.memory.read(0, 16) == b"\x55" * 16, f"{what}: a command ran"
@@ -254,6 +295,9 @@ def test_callee_error_reports_the_call_offset_and_inner_offset_in_the_trace() ->
 @pytest.mark.parametrize("buf_fn", [
     lambda: gemm(1, 1, 1, 0, 0, 0, dtype=2),
     lambda: enc(Opcode.QUANTIZE, dtype=0, int_dtype=2, scale=1.0, count=1, x=0, y=0),
+    lambda: enc(Opcode.QUANTIZE_DYNAMIC, dtype=0, int_dtype=2, count=1, x=0, y=0, qparams=8),
+    lambda: enc(Opcode.DEQUANTIZE_DYNAMIC, dtype=0, channels=1, inner=1, count=1, x=0, y=0,
+                qparams=8, wscale=16, wsum=20),                            # its I32 sums
     lambda: enc(Opcode.COPY, dtype=3, ndim=1, shape0=1, src=0, dst=0),
     lambda: enc(Opcode.COMPARE, op=0, dtype=0, count=1, a=0, b=0, out=0),   # its I8 mask
     lambda: enc(Opcode.SELECT, dtype=0, count=1, cond=0, a=0, b=0, out=0),  # its I8 cond

@@ -180,6 +180,26 @@ def quant_cases(rng: np.random.Generator) -> Iterator[Case]:
         yield Case(f"{op.name}-{fdt.name}-{idt.name}-{count}", enc(
             op, dtype=fdt, int_dtype=idt, scale=0.05, zero_point=3, count=count, x=x, y=y),
             im.data, (y, NP[odt], (count,)))
+    for fdt in (DType.F32, DType.F16):
+        count = _dims(rng, 1000, 2_000_000)
+        im = Image(rng)
+        x, y, qp = im.rand((count,), fdt), im.out((count,), DType.I8), im.out((2,), DType.I32)
+        yield Case(f"QUANTIZE_DYNAMIC-{fdt.name}-{count}", enc(
+            Opcode.QUANTIZE_DYNAMIC, dtype=fdt, int_dtype=DType.I8, count=count, x=x, y=y,
+            qparams=qp), im.data, (y, NP[DType.I8], (count,)))
+        ch = _dims(rng, 1, 2000)
+        inner = _dims(rng, 1, 4000)
+        outer = max(1, 1_000_000 // (ch * inner))
+        im = Image(rng)
+        x = im.rand((outer * ch * inner,), DType.I32)
+        qp = im.put(np.frombuffer(struct.pack("<fi", 0.01, -5), np.uint8))
+        ws, wsum, b = im.rand((ch,), DType.F32), im.rand((ch,), DType.I32), im.rand((ch,),
+                                                                                DType.F32)
+        y = im.out((outer * ch * inner,), fdt)
+        yield Case(f"DEQUANTIZE_DYNAMIC-{fdt.name}-{outer}x{ch}x{inner}", enc(
+            Opcode.DEQUANTIZE_DYNAMIC, isa.DQD_BIAS, dtype=fdt, activation=Activation.RELU,
+            channels=ch, inner=inner, count=outer * ch * inner, x=x, y=y, qparams=qp,
+            wscale=ws, wsum=wsum, bias=b), im.data, (y, NP[fdt], (outer * ch * inner,)))
 
 
 def conv_cases(rng: np.random.Generator) -> Iterator[Case]:

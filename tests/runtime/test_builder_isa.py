@@ -71,6 +71,27 @@ def test_rowwise_and_quant_fields(raw_decode: RawDecode) -> None:
         (Opcode.CALL, 0x4000_0000, 64, 0)
 
 
+def test_dynamic_quant_fields(raw_decode: RawDecode) -> None:
+    b = CommandBufferBuilder()
+    b.quantize_dynamic(count=10, x=0x30, y=0x40, qparams=0x50, dtype="f16")
+    b.dequantize_dynamic(count=24, channels=3, inner=4, x=0x100, y=0x200, qparams=0x50,
+                         wscale=0x300, wsum=0x400, bias=0x500, activation="relu")
+    b.dequantize_dynamic(count=6, channels=6, x=0x100, y=0x200, qparams=0x50,
+                         wscale=0x300, wsum=0x400)
+    q, dq, dq2 = raw_decode(bytes(b))
+    assert (q["opcode"], q["dtype"], q["int_dtype"], q["count"], q["x"], q["y"],
+            q["qparams"]) == (Opcode.QUANTIZE_DYNAMIC, DType.F16, DType.I8, 10, 0x30, 0x40,
+                              0x50)
+    assert (dq["opcode"], dq["flags"], dq["dtype"], dq["activation"], dq["channels"],
+            dq["inner"], dq["count"]) == (Opcode.DEQUANTIZE_DYNAMIC, isa.DQD_BIAS,
+                                          DType.F32, Activation.RELU, 3, 4, 24)
+    assert [dq[f] for f in ("x", "y", "qparams", "wscale", "wsum", "bias")] == \
+        [0x100, 0x200, 0x50, 0x300, 0x400, 0x500]
+    assert (dq2["flags"], dq2["inner"], dq2["bias"], dq2["activation"]) == (0, 1, 0, 0)
+    text = disassemble(bytes(b))
+    assert "QUANTIZE_DYNAMIC" in text and "qparams=0x50" in text
+
+
 def test_copy_and_transpose_fields(raw_decode: RawDecode) -> None:
     b = CommandBufferBuilder()
     b.copy(dtype="i8", shape=(3, 4), src=0, dst=100)
@@ -125,6 +146,16 @@ def test_int8_gemm_fields(raw_decode: RawDecode) -> None:
      "zero_point"),
     (lambda b: b.dequantize(count=1, x=0, y=0, scale=1.0, src_dtype="f32"), ValueError,
      "integer dtype"),
+    (lambda b: b.quantize_dynamic(count=0, x=0, y=0, qparams=0), ValueError,
+     "QUANTIZE_DYNAMIC count"),
+    (lambda b: b.quantize_dynamic(count=1, x=0, y=0, qparams=2**64 - 4), ValueError,
+     "QUANTIZE_DYNAMIC qparams"),
+    (lambda b: b.dequantize_dynamic(count=10, channels=4, x=0, y=0, qparams=0, wscale=0,
+                                    wsum=0), ValueError, "multiple of channels"),
+    (lambda b: b.dequantize_dynamic(count=4, channels=4, x=0, y=0, qparams=0, wscale=0,
+                                    wsum=0, activation="gelu"), ValueError, "NONE, RELU"),
+    (lambda b: b.dequantize_dynamic(count=4, channels=4, x=0, y=0, qparams=0, wscale=0,
+                                    wsum=0, dtype="i8"), ValueError, "DEQUANTIZE_DYNAMIC"),
     (lambda b: b.gemm(dtype="i8", m=1, n=1, k=1, a=0, b=0, c=0, alpha=2.0), ValueError,
      "alpha must be 1"),
     (lambda b: b.gemm(dtype="i8", m=1, n=1, k=1, a=0, b=0, c=0, activation="gelu"),

@@ -44,7 +44,11 @@ class CompileOptions:
     # feed's output cosine to f32 (each feed scored with ranges from the others) is at
     # least this; the margin above 0.99 is for inputs the calibration did not see.
     # None quantizes every layer it can.
-    int8_min_cosine: float | None = 0.995
+    int8_min_cosine: float | None = 0.998
+    # int8 activation scales: "dynamic" (QUANTIZE_DYNAMIC takes each tensor's range at
+    # run time; the calibration feeds only choose the layers kept f32) or "static"
+    # (calibrated ranges with headroom, immediates in QUANTIZE / DEQUANTIZE).
+    int8_scales: str = "dynamic"
 
 
 @dataclass
@@ -190,7 +194,7 @@ def compile_graph(graph: Graph, target: Target | None = None,
         report["fuse_epilogues"] = fuse_epilogues(g, opts.fuse_activations)
     if opts.calibration is not None:
         from ._quant import quantization_error, quantize_int8
-        int8 = quantize_int8(g, opts.calibration, opts.int8_min_cosine)
+        int8 = quantize_int8(g, opts.calibration, opts.int8_min_cosine, opts.int8_scales)
         report["quantize_int8"] = len(int8.quantized)
         quant_error = quantization_error(graph, g, opts.calibration)  # the caller's f32 graph
     if opts.fold_views:

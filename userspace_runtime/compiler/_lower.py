@@ -691,6 +691,63 @@ class Lowerer:
     def _dequantize(self, n: Node) -> None:
         self._quant(n, Opcode.DEQUANTIZE)
 
+    def _quantize_dynamic(self, n: Node) -> None:
+        """One QUANTIZE_DYNAMIC over the whole tensor (its range is the tensor's: the
+        device tiles it within its work memory, the scratchpad does not split it)."""
+        x, y, qp = n.inputs[0], n.outputs[0], n.outputs[1]
+        assert x is not None
+        self.em.cmd(Opcode.QUANTIZE_DYNAMIC, {"dtype": isa_dtype(x), "int_dtype": DType.I8,
+                                              "count": x.size, "x": self.ref(x),
+                                              "y": self.ref(y), "qparams": self.ref(qp)},
+                    name=f"{n.name}: quantize_dynamic [0, {x.size})")
+
+    def _dequantize_dynamic(self, n: Node) -> None:
+        """DEQUANTIZE_DYNAMIC over [outer, channels, inner] in pieces that fit the
+        scratchpad: whole outer rows, else channel blocks of one (their vectors offset),
+        else pieces of one channel's elements."""
+        acc, qp, ws, wsum = n.inputs[0], n.inputs[1], n.inputs[2], n.inputs[3]
+        bias = n.inputs[4] if len(n.inputs) > 4 else None
+        assert acc is not None and qp is not None and ws is not None and wsum is not None
+        y = n.outputs[0]
+        dt = isa_dtype(y)
+        oes = isa.DTYPE_SIZE[dt]
+        ch = acc.shape[1]
+        inner = math.prod(acc.shape[2:])
+        outer = acc.shape[0]
+        per = 4 + oes
+        sp = self.target.scratchpad_size
+        act = _ACT[n.attrs.get("activation")]
+        flags = isa.DQD_BIAS if bias is not None else 0
+
+        def emit(o0: int, no: int, c0: int, nc: int, i0: int, ni: int) -> None:
+            first = (o0 * ch + c0) * inner + i0
+            f: dict[str, Any] = {
+                "dtype": dt, "activation": act, "channels": nc, "inner": ni,
+                "count": no * nc * ni, "x": self.ref(acc).at(first * 4),
+                "y": self.ref(y).at(first * oes), "qparams": self.ref(qp),
+                "wscale": self.ref(ws).at(c0 * 4), "wsum": self.ref(wsum).at(c0 * 4)}
+            if bias is not None:
+                f["bias"] = self.ref(bias).at(c0 * 4)
+            self.em.cmd(Opcode.DEQUANTIZE_DYNAMIC, f, flags=flags,
+                        name=f"{n.name}: dequantize_dynamic rows [{o0}, {o0 + no}) "
+                             f"channels [{c0}, {c0 + nc}) elements [{i0}, {i0 + ni})")
+
+        rows = sp // max(1, ch * inner * per)
+        if rows:
+            for o0 in range(0, outer, rows):
+                emit(o0, min(rows, outer - o0), 0, ch, 0, inner)
+            return
+        cb = sp // (inner * per)
+        for o0 in range(outer):
+            if cb:
+                for c0 in range(0, ch, cb):
+                    emit(o0, 1, c0, min(cb, ch - c0), 0, inner)
+                continue
+            ib = max(1, sp // per)
+            for c0 in range(ch):
+                for i0 in range(0, inner, ib):
+                    emit(o0, 1, c0, 1, i0, min(ib, inner - i0))
+
     def _batchnorm(self, n: Node) -> None:
         raise LoweringError(f"node {n.name}: batchnorm was not decomposed")
 

@@ -583,6 +583,79 @@ _register("dequantize", _dequant_infer,
                          * np.float32(n.attrs["scale"])).astype(np.float32)], _q_attrs)
 
 
+def dynamic_qparams(x: np.ndarray) -> tuple[float, int]:
+    """QUANTIZE_DYNAMIC's (scale, zero point) of x (spec §7): the finite range widened
+    to hold 0 on int8's 256 codes, the scale rounded to f32; scale 1, zero point 0 for a
+    range of 0."""
+    fin = x[np.isfinite(x)]
+    lo = min(float(fin.min()) if fin.size else 0.0, 0.0)
+    hi = max(float(fin.max()) if fin.size else 0.0, 0.0)
+    scale = float(np.float32((hi - lo) / 255.0))
+    if scale == 0.0:
+        return 1.0, 0
+    return scale, int(np.clip(np.rint(-128.0 - lo / scale), -128, 127))
+
+
+def qparams_record(scale: float, zp: int) -> np.ndarray:
+    """The 8-byte qparams record (scale f32, zero point i32) as the int32[2] value the
+    graph holds it in."""
+    return np.array([np.float32(scale).view(np.int32), zp], np.int32)
+
+
+def _qdyn_infer(node: Node) -> list[tuple[Shape, str]]:
+    x = _req(node, 0, "x")
+    _float(node, 0)
+    return [(x.shape, "int8"), ((2,), "int32")]
+
+
+def _qdyn_ref(node: Node, x: list[Any]) -> list[np.ndarray]:
+    scale, zp = dynamic_qparams(np.asarray(x[0], np.float32))
+    return [quantize_ref(x[0], scale, zp), qparams_record(scale, zp)]
+
+
+def _dqdyn_attrs(node: Node) -> None:
+    if node.attrs.get("activation") not in (None, "relu"):
+        raise _err(f"dequantize_dynamic activation must be None or relu, got "
+                   f"{node.attrs.get('activation')!r}")
+
+
+def _dqdyn_infer(node: Node) -> list[tuple[Shape, str]]:
+    acc, qp = _req(node, 0, "sums"), _req(node, 1, "qparams")
+    ws, wsum = _req(node, 2, "wscale"), _req(node, 3, "wsum")
+    bias = node.inputs[4] if len(node.inputs) > 4 else None
+    if acc.dtype != "int32" or len(acc.shape) < 2:
+        raise _err(f"dequantize_dynamic needs int32 sums of rank >= 2, got {acc.dtype} "
+                   f"{acc.shape}")
+    ch = acc.shape[1]
+    if qp.dtype != "int32" or qp.shape != (2,):
+        raise _err(f"dequantize_dynamic qparams must be int32 (2,), got {qp.dtype} {qp.shape}")
+    for v, dt in ((ws, "float32"), (wsum, "int32"), (bias, "float32")):
+        if v is not None and (v.dtype != dt or v.shape != (ch,)):
+            raise _err(f"dequantize_dynamic {v.name} must be {dt} ({ch},), got {v.dtype} "
+                       f"{v.shape}")
+    return [(acc.shape, "float32")]
+
+
+def _dqdyn_ref(node: Node, x: list[Any]) -> list[np.ndarray]:
+    acc, qp, ws, wsum = x[0], x[1], x[2], x[3]
+    bias = x[4] if len(x) > 4 else None
+    scale, zp = float(np.asarray(qp[0], np.int32).view(np.float32)), int(qp[1])
+    ch = acc.shape[1]
+    shape = (1, ch) + (1,) * (acc.ndim - 2)
+    t = (acc.astype(np.int64) - np.int64(zp) * wsum.astype(np.int64).reshape(shape)
+         ).astype(np.float32)
+    t *= (np.float32(scale) * ws.astype(np.float32)).reshape(shape)
+    if bias is not None:
+        t += bias.astype(np.float32).reshape(shape)
+    if node.attrs.get("activation") == "relu":
+        t = np.maximum(t, np.float32(0))
+    return [t.astype(np.float32)]
+
+
+_register("quantize_dynamic", _qdyn_infer, _qdyn_ref)
+_register("dequantize_dynamic", _dqdyn_infer, _dqdyn_ref, _dqdyn_attrs)
+
+
 def evaluate(node: Node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
     """Run `node` in numpy (the reference semantics of the op)."""
     ref: Callable[..., list[np.ndarray]] = get(node.op).ref

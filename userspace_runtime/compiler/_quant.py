@@ -10,14 +10,25 @@ zero point's share of every sum (zx * the weights' sum) is folded into the int32
 and a padded int8 conv pads with zx (a real 0). Weights are symmetric per output
 channel (BatchNorm folding leaves channels of very different ranges). Other ops stay f32.
 
+Dynamic scales (the default, `scales="dynamic"`): the activation's scale and zero point
+are not calibrated but taken from the tensor each time the model runs, so a new input's
+range can never be clipped or coarser than it needs:
+    [pad in f32] -> quantize_dynamic(x) -> (xq, qparams) -> int8 gemm/conv (int32 sums)
+    -> dequantize_dynamic(sums, qparams, sw, sum(wq), bias) [relu]
+The device's QUANTIZE_DYNAMIC writes the (scale, zero point) record that
+DEQUANTIZE_DYNAMIC reads; the zero point's share of every sum (zx * the weights' sum) is
+removed there, and a padded conv's input is padded with 0.0 before it is quantized (0 is
+exact: it becomes the zero point). Weights stay symmetric per output channel, static.
+
 Mixed precision: when the quantized graph's cosine to f32 on the calibration feeds is
 below `min_cosine`, the layers whose quantization costs most (each measured alone) are
-kept in f32, the fewest that meet it.
+kept in f32, the fewest that meet it. With dynamic scales the calibration feeds are used
+only for that choice (each feed scored with its own run-time ranges, as any input is).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -69,11 +80,11 @@ def _targets(g: Graph) -> list[Node]:
             and not (n.op == "conv2d" and n.attrs.get("groups", 1) != 1)]
 
 
-def _plan(n: Node, lo: float, hi: float) -> _Plan:
-    x, w = n.inputs[0], n.inputs[1]
-    assert x is not None and w is not None and w.const is not None
-    bias = n.inputs[2] if len(n.inputs) > 2 else None
-    sx, zx = activation_qparams(lo, hi)
+def _weights(n: Node) -> tuple[np.ndarray, np.ndarray, tuple[int, ...]]:
+    """The int8 weights (symmetric per output channel), their scales and the axes a
+    channel's weights span."""
+    w = n.inputs[1]
+    assert w is not None and w.const is not None
     wf = w.const.astype(np.float64)
     if n.op == "gemm":
         wf = wf * n.attrs.get("alpha", 1.0)
@@ -89,12 +100,25 @@ def _plan(n: Node, lo: float, hi: float) -> _Plan:
         peak, wshape, red = np.max(np.abs(wf), axis=0), (1, -1), (0,)
     sw = np.array([_scale(float(p)) for p in peak])
     wq = np.clip(np.rint(wf / sw.reshape(wshape)), -127, 127).astype(np.int8)
-    bf = np.zeros(len(sw))
-    if bias is not None:
-        assert bias.const is not None
-        bf = np.broadcast_to(bias.const, bias.shape).astype(np.float64).reshape(-1)
-        if n.op == "gemm":
-            bf = bf * n.attrs.get("beta", 1.0)
+    return wq, sw, red
+
+
+def _float_bias(n: Node, channels: int) -> np.ndarray | None:
+    bias = n.inputs[2] if len(n.inputs) > 2 else None
+    if bias is None:
+        return None
+    assert bias.const is not None
+    bf = np.broadcast_to(bias.const, bias.shape).astype(np.float64).reshape(-1)
+    if n.op == "gemm":
+        bf = bf * n.attrs.get("beta", 1.0)
+    return np.broadcast_to(bf, (channels,))
+
+
+def _plan(n: Node, lo: float, hi: float) -> _Plan:
+    sx, zx = activation_qparams(lo, hi)
+    wq, sw, red = _weights(n)
+    fb = _float_bias(n, len(sw))
+    bf = np.zeros(len(sw)) if fb is None else fb
     bq = np.rint(bf / (sx * sw)) - zx * wq.astype(np.int64).sum(axis=red)
     if np.max(np.abs(bq)) >= 2 ** 31:
         raise GraphError(f"node {n.name}: int8 bias does not fit int32 (scale {sx:g})")
@@ -151,17 +175,87 @@ def _rewrite(g: Graph, plans: Mapping[str, _Plan], keep: frozenset[str]) -> int:
     return count
 
 
+SCALES = ("dynamic", "static")
+
+
+@dataclass(frozen=True)
+class _DynPlan:
+    """One layer's int8 form with run-time activation scales."""
+
+    wq: np.ndarray
+    wscale: np.ndarray       # f32 per output channel
+    wsum: np.ndarray         # int32 per output channel: the sum of its int8 weights
+    bias: np.ndarray | None  # f32 per output channel
+
+
+def _dyn_plan(n: Node) -> _DynPlan:
+    wq, sw, red = _weights(n)
+    bf = _float_bias(n, len(sw))
+    return _DynPlan(wq, sw.astype(np.float32), wq.astype(np.int64).sum(axis=red).astype(
+        np.int32), None if bf is None else bf.astype(np.float32))
+
+
+def _rewrite_dynamic(g: Graph, plans: Mapping[str, _DynPlan], keep: frozenset[str]) -> int:
+    """Put every planned node not in `keep` into int8 with run-time activation scales,
+    in place; returns how many."""
+    count = 0
+    new_nodes: list[Node] = []
+    for n in g.nodes:
+        p = plans.get(n.name)
+        if p is None or n.name in keep:
+            new_nodes.append(n)
+            continue
+        x, w = n.inputs[0], n.inputs[1]
+        assert x is not None and w is not None
+        if n.op == "conv2d" and any(n.attrs["padding"]):
+            pt, pl, pb, pr = n.attrs["padding"]
+            pad = Node("pad", [x], [], {"pads": (0, 0, pt, pl, 0, 0, pb, pr), "value": 0.0},
+                       g.unique(f"{n.name}_pad"))
+            N, C, H, W = x.shape
+            x = Value(g.unique(f"{n.name}_xpad"), (N, C, H + pt + pb, W + pl + pr),
+                      x.dtype, producer=pad)
+            pad.outputs = [x]
+            new_nodes.append(pad)
+            n.attrs["padding"] = (0, 0, 0, 0)
+        xq = Node("quantize_dynamic", [x], [], {}, g.unique(f"{n.name}_q"))
+        xq.outputs = [Value(g.unique(f"{n.name}_xq"), x.shape, "int8", producer=xq),
+                      Value(g.unique(f"{n.name}_qparams"), (2,), "int32", producer=xq)]
+        new_nodes.append(xq)
+        act = n.attrs.pop("activation", None)
+        n.inputs = [xq.outputs[0], g.constant(p.wq, name=f"{w.name}_q")]
+        if n.op == "gemm":
+            n.attrs["alpha"], n.attrs["beta"] = 1.0, 0.0
+        y = n.outputs[0]
+        acc = Value(g.unique(f"{y.name}_i32"), y.shape, "int32", producer=n)
+        n.outputs = [acc]
+        new_nodes.append(n)
+        ins: list[Value | None] = [acc, xq.outputs[1],
+                                   g.constant(p.wscale, name=f"{w.name}_wscale"),
+                                   g.constant(p.wsum, name=f"{w.name}_wsum")]
+        if p.bias is not None:
+            ins.append(g.constant(p.bias, name=f"{n.name}_bias_f32"))
+        dq = Node("dequantize_dynamic", ins, [y], {"activation": act},
+                  g.unique(f"{n.name}_dq"))
+        y.producer = dq
+        new_nodes.append(dq)
+        count += 1
+    g.nodes = new_nodes
+    return count
+
+
 @dataclass
 class Int8Report:
     """What quantize_int8 did: the layers put in int8 and those kept in f32 by the
     accuracy fallback (graph node names, in graph order), its target, and the worst
     cosine to f32 it measured (over outputs and calibration feeds, each feed with the
-    ranges of the others when there are several); None without a fallback."""
+    ranges of the others when there are several); None without a fallback; and whether
+    activation scales are taken at run time ("dynamic") or calibrated ("static")."""
 
     quantized: list[str] = field(default_factory=list)
     kept_f32: list[str] = field(default_factory=list)
     min_cosine: float | None = None
     cosine: float | None = None
+    scales: str = "dynamic"     # activation scales: "dynamic" (run time) or "static"
 
 
 def _cosine(ref: np.ndarray, got: np.ndarray) -> float:
@@ -201,51 +295,74 @@ def _named(g: Graph, env: Mapping[int, np.ndarray]) -> list[tuple[Value, np.ndar
     return [(v, env[id(v)]) for v in vals]
 
 
+def _static_rewriter(plans: Mapping[str, _Plan]) -> Callable[[Graph, frozenset[str]], int]:
+    return lambda c, kept: _rewrite(c, plans, kept)
+
+
 def quantize_int8(g: Graph, calibration: Sequence[Mapping[str, Any]],
-                  min_cosine: float | None = None) -> Int8Report:
+                  min_cosine: float | None = None, scales: str = "dynamic") -> Int8Report:
     """Rewrite `g` in place. With `min_cosine`, layers are kept in f32 (most costly
     first, a layer's cost = 1 - cosine with it alone in int8) until the worst output's
-    cosine to `g`'s f32 outputs is >= min_cosine on every calibration feed, each feed
-    scored with the ranges of the other feeds (as an input the calibration did not see;
-    with one feed, its own)."""
+    cosine to `g`'s f32 outputs is >= min_cosine on every calibration feed. Static
+    scales score each feed with the ranges of the other feeds (as an input the
+    calibration did not see; with one feed, its own); dynamic ones with its own run-time
+    ranges, as every input is run."""
     if not calibration:
         raise GraphError("int8 quantization needs at least one calibration feed")
     if min_cosine is not None and not 0.0 <= min_cosine <= 1.0:   # NaN too
         raise GraphError(f"int8 min_cosine must be in 0 .. 1, got {min_cosine!r}")
+    if scales not in SCALES:
+        raise GraphError(f"int8 scales must be one of {', '.join(SCALES)}, got {scales!r}")
     targets = _targets(g)
     names = [n.name for n in targets]
-    # each target input's (min, max) on each feed
-    seen: list[dict[str, tuple[float, float]]] = []
-    for feeds in calibration:
-        env = _run(g, feeds)
-        seen.append({})
-        for n in targets:
-            x = n.inputs[0]
-            assert x is not None
-            a = x.const if x.const is not None else env[id(x)]
-            seen[-1][n.name] = (float(np.min(a)), float(np.max(a)))
-
-    def plans_from(feeds: Sequence[int]) -> dict[str, _Plan]:
-        h = HEADROOM
-        return {n.name: _plan(n, h * min(seen[i][n.name][0] for i in feeds),
-                              h * max(seen[i][n.name][1] for i in feeds)) for n in targets}
-
     every = range(len(calibration))
-    plans = plans_from(every)
-    keep: frozenset[str] = frozenset()
-    report = Int8Report(min_cosine=min_cosine)
-    if min_cosine is not None and targets:
-        scorer = _Scorer(g, calibration)
+    report = Int8Report(min_cosine=min_cosine, scales=scales)
+    rewrite: Callable[[Graph, frozenset[str]], int]
+    held: list[Callable[[Graph, frozenset[str]], int]]
+    if scales == "dynamic":
+        dplans = {n.name: _dyn_plan(n) for n in targets}
+
+        def rewrite(c: Graph, kept: frozenset[str]) -> int:
+            return _rewrite_dynamic(c, dplans, kept)
+
+        held = [rewrite] * len(calibration)
+    else:
+        # each target input's (min, max) on each feed
+        seen: list[dict[str, tuple[float, float]]] = []
+        for feeds in calibration:
+            env = _run(g, feeds)
+            seen.append({})
+            for n in targets:
+                x = n.inputs[0]
+                assert x is not None
+                a = x.const if x.const is not None else env[id(x)]
+                seen[-1][n.name] = (float(np.min(a)), float(np.max(a)))
+
+        def plans_from(feeds: Sequence[int]) -> dict[str, _Plan]:
+            h = HEADROOM
+            return {n.name: _plan(n, h * min(seen[i][n.name][0] for i in feeds),
+                                  h * max(seen[i][n.name][1] for i in feeds))
+                    for n in targets}
+
+        plans = plans_from(every)
+
+        def rewrite(c: Graph, kept: frozenset[str]) -> int:
+            return _rewrite(c, plans, kept)
+
         # scored on each feed with ranges from the others (held out, as a new input
         # would be) when there are several
-        held = [plans] if len(calibration) == 1 else \
+        held_plans = [plans] if len(calibration) == 1 else \
             [plans_from([j for j in every if j != i]) for i in every]
+        held = [_static_rewriter(p) for p in held_plans]
+    keep: frozenset[str] = frozenset()
+    if min_cosine is not None and targets:
+        scorer = _Scorer(g, calibration)
 
         def cos_with(kept: frozenset[str], start: int = 0) -> float:
             graphs = []
-            for p in held:
+            for rw in held:
                 c = g.clone()
-                _rewrite(c, p, kept)
+                rw(c, kept)
                 graphs.append(c)
             return scorer.score(graphs, start)
 
@@ -266,7 +383,7 @@ def quantize_int8(g: Graph, calibration: Sequence[Mapping[str, Any]],
                     lo_k = mid
             keep = frozenset(order[:hi_k])
             report.cosine = best if hi_k < len(order) else 1.0
-    _rewrite(g, plans, keep)
+    rewrite(g, keep)
     report.quantized = [nm for nm in names if nm not in keep]
     report.kept_f32 = [nm for nm in names if nm in keep]
     return report

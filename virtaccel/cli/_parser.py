@@ -121,8 +121,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--int8-min-cosine", type=fraction("--int8-min-cosine"), default=None,
                    metavar="C",
                    help="keep the costliest layers in f32 until each calibration feed's "
-                        "cosine to f32 is >= C, 0 .. 1 (default 0.995; 0 quantizes every "
+                        "cosine to f32 is >= C, 0 .. 1 (default 0.998; 0 quantizes every "
                         "layer it can)")
+    p.add_argument("--int8-scales", choices=("dynamic", "static"), default=None,
+                   help="activation scales: dynamic (default: each tensor's range taken at "
+                        "run time by QUANTIZE_DYNAMIC; --calibrate only picks the layers "
+                        "kept f32) or static (calibrated ranges)")
     _json(p, "the summary")
 
     p = _verb(sub, "run", ".run:cli", "run a code object (.vaelf) or an ONNX model in a VM")

@@ -17,12 +17,14 @@ if TYPE_CHECKING:
 
 def compile_model(path: str, target: "Target | None" = None,
                   calibrate: str | None = None,
-                  int8_min_cosine: float | None = None) -> "CompileResult":
+                  int8_min_cosine: float | None = None,
+                  int8_scales: str | None = None) -> "CompileResult":
     """Compile an ONNX file; every way it can be unusable is a CliError naming the file
     (a missing file, not protobuf, not a graph the compiler takes, no onnx extra).
     `calibrate`: an .npz of calibration inputs; the graph is then quantized to int8,
     keeping layers in f32 down to `int8_min_cosine` (None: the compiler's default; 0:
-    every layer it can in int8)."""
+    every layer it can in int8), with `int8_scales` "dynamic" or "static" (None: the
+    compiler's default, dynamic)."""
     from userspace_runtime.compiler import CompileOptions, GraphError, compile_graph
     try:
         from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
@@ -43,6 +45,8 @@ def compile_model(path: str, target: "Target | None" = None,
             options = CompileOptions(calibration=calibration_feeds(calibrate, graph))
             if int8_min_cosine is not None:
                 options.int8_min_cosine = int8_min_cosine or None
+            if int8_scales is not None:
+                options.int8_scales = int8_scales
         return compile_graph(graph, target, options)
     except DecodeError as e:
         raise CliError(f"{path}: not an ONNX model (protobuf: {e})") from None
@@ -102,7 +106,9 @@ def _int8_rows(result: "CompileResult") -> list[tuple[str, object]]:
     if r is None:
         return []
     rows: list[tuple[str, object]] = [
-        ("int8 layers", f"{len(r.quantized)} int8, {len(r.kept_f32)} kept f32")]
+        ("int8 layers", f"{len(r.quantized)} int8, {len(r.kept_f32)} kept f32"),
+        ("int8 activation scales", "dynamic (taken at run time)" if r.scales == "dynamic"
+         else "static (calibrated)")]
     if r.min_cosine is not None:
         rows.append(("int8 worst feed cosine", f"{r.cosine:.6f} (fallback target "
                                                f"{r.min_cosine:g})"))
@@ -128,7 +134,10 @@ def cli(args: argparse.Namespace) -> int:
         raise CliError("--calibrate is for --int8 (add --int8 to quantize)")
     if args.int8_min_cosine is not None and not args.int8:
         raise CliError("--int8-min-cosine is for --int8 (add --int8 --calibrate IN.npz)")
-    result = compile_model(args.model, target, args.calibrate, args.int8_min_cosine)
+    if args.int8_scales is not None and not args.int8:
+        raise CliError("--int8-scales is for --int8 (add --int8 --calibrate IN.npz)")
+    result = compile_model(args.model, target, args.calibrate, args.int8_min_cosine,
+                           args.int8_scales)
     try:
         result.write(args.output)
     except OSError as e:
@@ -143,7 +152,8 @@ def cli(args: argparse.Namespace) -> int:
         if result.int8 is not None:
             doc["int8_layers"] = {"int8": result.int8.quantized, "f32": result.int8.kept_f32,
                                   "min_cosine": result.int8.min_cosine,
-                                  "worst_feed_cosine": result.int8.cosine}
+                                  "worst_feed_cosine": result.int8.cosine,
+                                  "scales": result.int8.scales}
     if args.json is not None:
         write_json(args.json, doc)
     if wants_json_on_stdout(args.json):

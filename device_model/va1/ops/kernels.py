@@ -1,5 +1,5 @@
 """VA-1 op kernels: GEMM (float and int8, batched), ELEMENTWISE, COMPARE, SELECT, CONV2D (im2col + matmul),
-SOFTMAX, LAYERNORM, REDUCE, QUANTIZE, DEQUANTIZE, strided COPY and the D2D move.
+SOFTMAX, LAYERNORM, REDUCE, QUANTIZE, DEQUANTIZE (static and dynamic), strided COPY and the D2D move.
 
 Inputs are zero-copy views of device memory. Every kernel takes `budget`: the host bytes
 its temporaries may use (spec §7, "Work bounds": the function's work_memory_size less
@@ -15,6 +15,7 @@ writes" hold.
 """
 from __future__ import annotations
 
+import struct
 from typing import Any, Callable
 
 import numpy as np
@@ -278,6 +279,68 @@ def dequantize(x: np.ndarray, y: np.ndarray, *, scale: float, zero_point: int,
 def _dequantize(x: np.ndarray, y: np.ndarray, scale: float, zero_point: int) -> None:
     t = (x.astype(np.int64) - zero_point).astype(_F32)
     t *= np.float32(scale)
+    np.copyto(y, t, casting="unsafe")
+
+
+def dynamic_qparams(x: np.ndarray, budget: int) -> tuple[float, int]:
+    """QUANTIZE_DYNAMIC's (scale, zero point): x's finite range widened to hold 0,
+    mapped onto int8's 256 codes; scale rounded to f32, zero point from it (spec §7)."""
+    lo, hi = 0.0, 0.0
+    step = max(1, budget // 8)
+    for i in _chunks(x.size, step):
+        t = x[i:i + step]
+        t = t[np.isfinite(t)]
+        if t.size:
+            lo, hi = min(lo, float(t.min())), max(hi, float(t.max()))
+    scale = float(np.float32((hi - lo) / 255.0))
+    if scale == 0.0:
+        return 1.0, 0
+    return scale, int(np.clip(np.rint(-128.0 - lo / scale), -128, 127))
+
+
+def quantize_dynamic(x: np.ndarray, y: np.ndarray, qparams: np.ndarray, *,
+                     budget: int) -> None:
+    """Two passes over x (its range, then QUANTIZE's arithmetic with the scale and zero
+    point that range gives); the record is written last."""
+    scale, zp = dynamic_qparams(x, budget)
+    quantize(x, y, scale=scale, zero_point=zp, budget=budget)
+    qparams[:] = np.frombuffer(struct.pack("<fi", scale, zp), np.uint8)
+
+
+def dequantize_dynamic(x: np.ndarray, qparams: np.ndarray, wscale: np.ndarray,
+                       wsum: np.ndarray, bias: np.ndarray | None, y: np.ndarray, *,
+                       relu: bool, budget: int) -> None:
+    """y = act(f32(x - zp * wsum[ch]) * f32(scale * wscale[ch]) + bias[ch]) over x, y
+    [outer, channels, inner] (x I32), in chunks of whole outer rows, else of channels
+    and elements of one; x - zp * wsum exact (int64)."""
+    scale, zp = struct.unpack("<fi", bytes(qparams))
+    mult = (np.float32(scale) * wscale.astype(_F32)).reshape(-1, 1)
+    corr = (np.int64(zp) * wsum.astype(np.int64)).reshape(-1, 1)
+    b = None if bias is None else bias.astype(_F32).reshape(-1, 1)
+    outer, ch, inner = x.shape
+    if budget >= 16 * ch * inner:
+        rows = budget // (16 * ch * inner)
+        for r0 in _chunks(outer, rows):
+            _dequant_dyn(x[r0:r0 + rows], y[r0:r0 + rows], corr, mult, b, relu)
+        return
+    cstep, istep = max(1, budget // (16 * inner)), max(1, budget // 16)
+    for r in range(outer):
+        for c0 in _chunks(ch, cstep):
+            cs = slice(c0, c0 + cstep)
+            for i0 in _chunks(inner, istep):
+                ins = slice(i0, i0 + istep)
+                _dequant_dyn(x[r, cs, ins], y[r, cs, ins], corr[cs], mult[cs],
+                             None if b is None else b[cs], relu)
+
+
+def _dequant_dyn(x: np.ndarray, y: np.ndarray, corr: np.ndarray, mult: np.ndarray,
+                 b: np.ndarray | None, relu: bool) -> None:
+    t = (x.astype(np.int64) - corr).astype(_F32)
+    t *= mult
+    if b is not None:
+        t += b
+    if relu:
+        np.maximum(t, np.float32(0), out=t)
     np.copyto(y, t, casting="unsafe")
 
 
