@@ -79,11 +79,12 @@ class Pending:
     the error that failed the submission. Data is copied out of staging exactly once.
     """
 
-    def __init__(self, stream: Stream, seq: int, region: Region, shape: tuple[int, ...],
+    def __init__(self, stream: Stream, seq: int, region: Region | None, shape: tuple[int, ...],
                  dtype: np.dtype[Any], out: np.ndarray | None) -> None:
         self._stream = stream
         self._seq = seq
         self._region: Region | None = region
+        self._waiting = True
         self._shape = shape
         self._dtype = dtype
         self._out = out
@@ -92,10 +93,13 @@ class Pending:
 
     def _complete(self, error: BaseException | None) -> None:
         region, self._region = self._region, None
+        self._waiting = False
         if error is not None:
             self._error = error
             return
-        assert region is not None
+        if region is None:  # the DMA wrote straight into the pinned `out`
+            self._array = self._out
+            return
         src = region.array().view(self._dtype).reshape(self._shape)
         if self._out is None:
             self._array = src.copy()
@@ -105,13 +109,13 @@ class Pending:
 
     def done(self) -> bool:
         """True once the download's submission completed (successfully or not)."""
-        if self._region is not None and not self._stream.destroyed:
+        if self._waiting and not self._stream.destroyed:
             self._stream._poll_through(self._seq)
-        return self._region is None
+        return not self._waiting
 
     def result(self, timeout_ns: int | None = None) -> np.ndarray:
         """The downloaded array (waits for it); raises the submission's error."""
-        if self._region is not None:
+        if self._waiting:
             if self._stream.destroyed:
                 raise UseAfterFreeError("download: its stream was destroyed before it ran")
             self._stream._wait_through(self._seq, timeout_ns, raise_errors=False)
@@ -270,8 +274,13 @@ class Stream:
                      (region,))
 
     def download(self, buf: Buffer, out: np.ndarray | None = None) -> Pending:
-        """DMA_D2H `buf` into staging; the Pending's result() is the array after the
-        stream has run (written into `out` if given)."""
+        """DMA_D2H `buf`; the Pending's result() is the array after the stream has run
+        (written into `out` if given).
+
+        The fast way: `out` in pinned host memory (`Device.alloc_host`, or a C-contiguous
+        view of it). Then the DMA writes `out` itself, with no staging copy; its contents
+        are undefined until the download completes. Otherwise the DMA writes a staging
+        region and `result()` copies it out once."""
         self._check("download")
         buf = self._buffer(buf, "download")
         if out is not None:
@@ -282,6 +291,15 @@ class Stream:
                                  f"{buf.shape} {buf.dtype}")
             if not out.flags.writeable:
                 raise ValueError("download: out is read-only")
+            pinned = self.context.device._pinned_iova(out)
+            if pinned is not None:  # one DMA straight into the pinned array, no staging
+                handle, iova = pinned
+                name = f"download pinned {buf.shape} {buf.dtype} <- {buf.addr:#x} ({_caller()})"
+                ch = self._append(Opcode.DMA_D2H, (buf.handle, handle),
+                                  lambda b: b.dma_d2h(buf.addr, iova, buf.nbytes, name=name))
+                pending = Pending(self, ch.seq, None, buf.shape, buf.dtype, out)
+                ch.downloads.append(pending)
+                return pending
         region = self._staging.alloc(buf.nbytes, self._open.seq)
         name = f"download {buf.shape} {buf.dtype} <- {buf.addr:#x} ({_caller()})"
         ch = self._append(Opcode.DMA_D2H, (buf.handle, region.handle),

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from guest_driver import uapi
-from userspace_runtime import Device
+from userspace_runtime import CommandBufferBuilder, Device, DeviceError
 
 import rt_stack
 
@@ -85,3 +85,61 @@ def test_non_contiguous_pinned_view_goes_through_staging() -> None:
             return out.result()
     got = run_guest(program)
     np.testing.assert_array_equal(got, np.arange(16, dtype=np.float32).reshape(4, 4).T)
+
+
+def test_download_into_pinned_out_is_one_dma_without_staging() -> None:
+    x = np.random.default_rng(3).standard_normal((8, 16), dtype=np.float32)
+
+    def program(os_: uapi.GuestOS) -> dict[str, Any]:
+        with Device(os_) as dev:
+            ctx = dev.create_context()
+            s = ctx.create_stream()
+            b = ctx.alloc(x.shape)
+            s.upload(b, x)
+            out = dev.alloc_host((2, 8, 16))
+            allocs: list[int] = []
+            real_alloc = s._staging.alloc
+            s._staging.alloc = lambda n, seq: allocs.append(n) or real_alloc(n, seq)  # type: ignore[method-assign]
+            p = s.download(b, out=out[1])
+            staged_bytes = sum(allocs)
+            s._staging.alloc = real_alloc  # type: ignore[method-assign]
+            cmds = s.disassemble()
+            done_before = p.done()
+            s.synchronize()
+            got = p.result()
+            return {"got": got, "is_view": np.shares_memory(got, out), "out": out.copy(),
+                    "staged": staged_bytes, "cmds": cmds, "done_before": done_before,
+                    "done_after": p.done()}
+
+    r = run_guest(program)
+    assert r["staged"] == 0
+    assert "download pinned" in r["cmds"]
+    assert r["is_view"] and r["done_after"]
+    np.testing.assert_array_equal(r["got"], x)
+    np.testing.assert_array_equal(r["out"][1], x)
+    assert not r["out"][0].any()   # nothing outside the view was written
+
+
+def test_download_into_pinned_out_reports_a_failed_submission() -> None:
+    """A pinned download in a submission the device fails raises the device's error
+    from result(); its array is not handed out."""
+    def program(os_: uapi.GuestOS) -> tuple[str, bool]:
+        with Device(os_) as dev:
+            mem = dev.params["device_memory_size"]
+            ctx = dev.create_context()
+            s = ctx.create_stream()
+            b = ctx.alloc((16,))
+            out = dev.alloc_host((16,))
+            bad = CommandBufferBuilder()
+            bad.gemm(dtype="f32", m=4, n=4, k=4, a=b.addr, b=b.addr, c=mem - 16,
+                     name="gemm writing past device memory")
+            s.enqueue(bad, [b])
+            p = s.download(b, out=out)
+            with pytest.raises(DeviceError):
+                s.synchronize()
+            with pytest.raises(DeviceError) as ei:
+                p.result()
+            return str(ei.value), p.done()
+
+    msg, done = run_guest(program)
+    assert "gemm writing past device memory" in msg and done
