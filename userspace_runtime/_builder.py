@@ -14,7 +14,7 @@ import math
 import operator
 import struct
 from dataclasses import dataclass, field
-from typing import Any, Mapping, SupportsIndex
+from typing import Any, Callable, Mapping, SupportsIndex, Union
 
 from hwspec import isa
 from hwspec.isa import Activation, CmpOp, DType, EltOp, Opcode, PoolOp, ReduceOp
@@ -38,6 +38,11 @@ _STRUCTS: dict[Opcode, struct.Struct] = {
 }
 
 
+# A command's name, or a function that makes it: names are read only for errors and
+# disassembly, so a stream hands over the function and the hot path formats nothing.
+Name = Union[str, Callable[[], str]]
+
+
 @dataclass(frozen=True)
 class CommandRecord:
     """Where one appended command sits in the buffer, and what made it."""
@@ -46,7 +51,12 @@ class CommandRecord:
     offset: int
     opcode: int
     length: int
-    name: str
+    label: Name
+
+    @property
+    def name(self) -> str:
+        label = self.label
+        return label if isinstance(label, str) else label()
 
     @property
     def opcode_name(self) -> str:
@@ -302,7 +312,7 @@ class CommandBufferBuilder:
             self._offsets.extend(other._offsets)
         else:
             self._records.extend(CommandRecord(n + i, base + r.offset, r.opcode, r.length,
-                                               r.name)
+                                               r.label)
                                  for i, r in enumerate(other._records))
             self._offsets.extend(base + o for o in other._offsets)
         return base
@@ -321,7 +331,7 @@ class CommandBufferBuilder:
                 f"above its maximum of {self.max_size}")
 
     def _emit(self, opcode: Opcode, flags: int, fields: Mapping[str, int | float],
-              name: str) -> int:
+              name: Name) -> int:
         layout = isa.PAYLOAD[opcode]
         length = isa.command_length(opcode)
         self._reserve(length)
@@ -331,11 +341,11 @@ class CommandBufferBuilder:
         self._record(offset, opcode, length, name)
         return offset
 
-    def _record(self, offset: int, opcode: int, length: int, name: str) -> None:
+    def _record(self, offset: int, opcode: int, length: int, name: Name) -> None:
         self._records.append(CommandRecord(len(self._records), offset, opcode, length, name))
         self._offsets.append(offset)
 
-    def nop(self, length: IntLike = isa.HEADER.size, *, name: str | None = None) -> int:
+    def nop(self, length: IntLike = isa.HEADER.size, *, name: Name | None = None) -> int:
         """Padding: a NOP of `length` bytes (>= 8, a multiple of 8)."""
         length = _uint(length, "NOP length", U32_MAX, minimum=isa.HEADER.size)
         if length % isa.ALIGN:
@@ -348,7 +358,7 @@ class CommandBufferBuilder:
         return offset
 
     def fill(self, dst: IntLike, size: IntLike, pattern: IntLike, *,
-             name: str | None = None) -> int:
+             name: Name | None = None) -> int:
         """FILL `size` bytes (a multiple of 4) at device address `dst` with a u32 pattern."""
         dst = _addr(dst, "FILL dst")
         size = _uint(size, "FILL size", U64_MAX, minimum=1)
@@ -360,7 +370,7 @@ class CommandBufferBuilder:
                           name or f"FILL dst={dst:#x} size={size} pattern={pattern:#010x}")
 
     def _dma(self, opcode: Opcode, src: IntLike, dst: IntLike, size: IntLike,
-             name: str | None) -> int:
+             name: Name | None) -> int:
         what = opcode.name
         src = _addr(src, f"{what} src")
         dst = _addr(dst, f"{what} dst")
@@ -371,17 +381,17 @@ class CommandBufferBuilder:
                           name or f"{what} src={src:#x} dst={dst:#x} size={size}")
 
     def dma_h2d(self, src_iova: IntLike, dst: IntLike, size: IntLike, *,
-                name: str | None = None) -> int:
+                name: Name | None = None) -> int:
         """Copy `size` bytes from host IOVA `src_iova` to device address `dst`."""
         return self._dma(Opcode.DMA_H2D, src_iova, dst, size, name)
 
     def dma_d2h(self, src: IntLike, dst_iova: IntLike, size: IntLike, *,
-                name: str | None = None) -> int:
+                name: Name | None = None) -> int:
         """Copy `size` bytes from device address `src` to host IOVA `dst_iova`."""
         return self._dma(Opcode.DMA_D2H, src, dst_iova, size, name)
 
     def dma_d2d(self, src: IntLike, dst: IntLike, size: IntLike, *,
-                name: str | None = None) -> int:
+                name: Name | None = None) -> int:
         """Copy `size` bytes within device memory (memmove semantics)."""
         return self._dma(Opcode.DMA_D2D, src, dst, size, name)
 
@@ -391,7 +401,7 @@ class CommandBufferBuilder:
              alpha: float = 1.0, beta: float = 0.0,
              trans_a: bool = False, trans_b: bool = False,
              activation: Activation | int | str | None = None,
-             name: str | None = None) -> int:
+             name: Name | None = None) -> int:
         """C = act(alpha * op(A) @ op(B) + beta * C + bias), all at device addresses."""
         dt = as_dtype(dtype)
         if dt not in GEMM_DTYPES:
@@ -441,7 +451,7 @@ class CommandBufferBuilder:
                      bias: IntLike | None = None, alpha: float = 1.0, beta: float = 0.0,
                      trans_a: bool = False, trans_b: bool = False,
                      activation: Activation | int | str | None = None,
-                     name: str | None = None) -> int:
+                     name: Name | None = None) -> int:
         """For each i < batch: C_i = act(alpha * op(A_i) @ op(B_i) + beta * C_i + bias),
         where operand X_i starts at x + i * stride_x elements and its stored rows are
         ldx elements apart (defaults: dense, back to back; a stride of 0 shares one
@@ -502,7 +512,7 @@ class CommandBufferBuilder:
     def elementwise(self, op: EltOp | int | str, *, dtype: DType | int | str,
                     count: IntLike, a: IntLike, b: IntLike | None = None,
                     out: IntLike, broadcast_cols: IntLike | None = None,
-                    name: str | None = None) -> int:
+                    name: Name | None = None) -> int:
         """out = a op b over `count` elements (b is ignored, encoded 0, for unary ops).
 
         With `broadcast_cols`, `b` is a [cols] vector added (etc.) to every row of the
@@ -543,7 +553,7 @@ class CommandBufferBuilder:
 
     def compare(self, op: CmpOp | int | str, *, dtype: DType | int | str, count: IntLike,
                 a: IntLike, b: IntLike | None = None, out: IntLike,
-                broadcast_cols: IntLike | None = None, name: str | None = None) -> int:
+                broadcast_cols: IntLike | None = None, name: Name | None = None) -> int:
         """out (an I8 mask of `count` bytes) = 1 where `a op b` holds, else 0; a and b
         of `dtype` (any); logic ops (and, or, xor, not) take nonzero as true; NOT is
         unary. With `broadcast_cols`, b is a [cols] vector compared with every row."""
@@ -579,7 +589,7 @@ class CommandBufferBuilder:
                                   f"count={count}" + (f" bcast={cols}" if cols else ""))
 
     def select(self, *, dtype: DType | int | str, count: IntLike, cond: IntLike,
-               a: IntLike, b: IntLike, out: IntLike, name: str | None = None) -> int:
+               a: IntLike, b: IntLike, out: IntLike, name: Name | None = None) -> int:
         """out[i] = a[i] if cond[i] != 0 else b[i]: cond an I8 mask, a, b, out of `dtype`
         (any; the bytes are moved as they are): ONNX Where."""
         dt = as_dtype(dtype)
@@ -597,7 +607,7 @@ class CommandBufferBuilder:
              src: IntLike, dst: IntLike,
              src_strides: tuple[IntLike, ...] | list[IntLike] | None = None,
              dst_strides: tuple[IntLike, ...] | list[IntLike] | None = None,
-             name: str | None = None) -> int:
+             name: Name | None = None) -> int:
         """Strided COPY of a 1..4-D tensor: dst[i] = src[i] at element strides (default
         row-major dense). Covers transpose and reshape-with-copy."""
         dt = as_dtype(dtype)
@@ -637,7 +647,7 @@ class CommandBufferBuilder:
 
     def transpose(self, *, dtype: DType | int | str, shape: tuple[IntLike, ...] | list[IntLike],
                   perm: tuple[int, ...] | list[int], src: IntLike, dst: IntLike,
-                  name: str | None = None) -> int:
+                  name: Name | None = None) -> int:
         """dst (dense, shape permuted) = src (dense `shape`) transposed by `perm`, as
         numpy.transpose(src, perm): one strided COPY."""
         dims = tuple(_uint(d, "TRANSPOSE shape", U32_MAX, minimum=1) for d in shape)
@@ -656,7 +666,7 @@ class CommandBufferBuilder:
                padding: IntLike | tuple[IntLike, IntLike, IntLike, IntLike] = 0,
                dilation: IntLike | tuple[IntLike, IntLike] = 1, groups: IntLike = 1,
                activation: Activation | int | str | None = None,
-               name: str | None = None) -> int:
+               name: Name | None = None) -> int:
         """y[n,k,oh,ow] = act(conv(x[n,c,h,w], weight[k,c/groups,r,s]) + bias[k]).
 
         `padding` is one int or (top, left, bottom, right); `stride` and `dilation` one
@@ -712,7 +722,7 @@ class CommandBufferBuilder:
                padding: IntLike | tuple[IntLike, IntLike, IntLike, IntLike] = 0,
                dilation: IntLike | tuple[IntLike, IntLike] = 1,
                count_include_pad: bool = False, ceil: bool = False,
-               name: str | None = None) -> int:
+               name: Name | None = None) -> int:
         """y[n,c,oh,ow] = max or mean of the r x s windows of x[n,c,h,w]. MAX pads with
         -inf; AVG divides by the taps inside the input (or, with `count_include_pad`,
         inside the padded input). Each pad must be below the dilated kernel extent."""
@@ -754,7 +764,7 @@ class CommandBufferBuilder:
 
     def gather(self, *, dtype: DType | int | str, rows: IntLike, cols: IntLike,
                count: IntLike, table: IntLike, indices: IntLike, out: IntLike,
-               name: str | None = None) -> int:
+               name: Name | None = None) -> int:
         """out[i, :] = table[indices[i], :] (I32 indices in [-rows, rows), negative from
         the end; any other index gives a row of zeros): an embedding lookup."""
         dt = as_dtype(dtype)
@@ -783,7 +793,7 @@ class CommandBufferBuilder:
         return dt, rows, cols, xa
 
     def softmax(self, *, dtype: DType | int | str, rows: IntLike, cols: IntLike,
-                x: IntLike, y: IntLike, name: str | None = None) -> int:
+                x: IntLike, y: IntLike, name: Name | None = None) -> int:
         """y = softmax(x) over the last axis of [rows, cols] (max-subtracted, f32 math)."""
         dt, rows, cols, xa = self._rows(Opcode.SOFTMAX, dtype, rows, cols, x)
         ya = _addr(y, "SOFTMAX y")
@@ -794,7 +804,7 @@ class CommandBufferBuilder:
 
     def layernorm(self, *, dtype: DType | int | str, rows: IntLike, cols: IntLike,
                   x: IntLike, gamma: IntLike, beta: IntLike, y: IntLike,
-                  epsilon: float = 1e-5, name: str | None = None) -> int:
+                  epsilon: float = 1e-5, name: Name | None = None) -> int:
         """y = (x - mean) / sqrt(var + epsilon) * gamma + beta over the last axis."""
         dt, rows, cols, xa = self._rows(Opcode.LAYERNORM, dtype, rows, cols, x)
         eps = check_f32(epsilon, "LAYERNORM epsilon")
@@ -811,7 +821,7 @@ class CommandBufferBuilder:
                           name or f"LAYERNORM {dt.name.lower()} {rows}x{cols}")
 
     def reduce(self, op: ReduceOp | int | str, *, dtype: DType | int | str, rows: IntLike,
-               cols: IntLike, x: IntLike, y: IntLike, name: str | None = None) -> int:
+               cols: IntLike, x: IntLike, y: IntLike, name: Name | None = None) -> int:
         """y[rows] = op(x[rows, cols]) over the last axis: sum, max, mean, min."""
         rop = as_reduceop(op)
         dt, rows, cols, xa = self._rows(Opcode.REDUCE, dtype, rows, cols, x)
@@ -824,7 +834,7 @@ class CommandBufferBuilder:
 
     def _quant(self, opcode: Opcode, dtype: Any, int_dtype: Any, count: IntLike,
                x: IntLike, y: IntLike, scale: float, zero_point: IntLike,
-               name: str | None) -> int:
+               name: Name | None) -> int:
         what = opcode.name
         dt = _float_dtype(dtype, what)
         idt = as_dtype(int_dtype)
@@ -851,7 +861,7 @@ class CommandBufferBuilder:
 
     def quantize(self, *, count: IntLike, x: IntLike, y: IntLike, scale: float,
                  zero_point: IntLike = 0, dtype: DType | int | str = DType.F32,
-                 name: str | None = None) -> int:
+                 name: Name | None = None) -> int:
         """y(i8) = saturate(round_half_even(x / scale) + zero_point), ONNX QuantizeLinear;
         `dtype` is the float input's (F32 or F16)."""
         return self._quant(Opcode.QUANTIZE, dtype, DType.I8, count, x, y, scale, zero_point,
@@ -859,14 +869,14 @@ class CommandBufferBuilder:
 
     def dequantize(self, *, count: IntLike, x: IntLike, y: IntLike, scale: float,
                    zero_point: IntLike = 0, dtype: DType | int | str = DType.F32,
-                   src_dtype: DType | int | str = DType.I8, name: str | None = None) -> int:
+                   src_dtype: DType | int | str = DType.I8, name: Name | None = None) -> int:
         """y(dtype) = (x - zero_point) * scale, ONNX DequantizeLinear; x is I8 or I32."""
         return self._quant(Opcode.DEQUANTIZE, dtype, src_dtype, count, x, y, scale,
                            zero_point, name)
 
     def quantize_dynamic(self, *, count: IntLike, x: IntLike, y: IntLike, qparams: IntLike,
                          dtype: DType | int | str = DType.F32,
-                         name: str | None = None) -> int:
+                         name: Name | None = None) -> int:
         """QUANTIZE with the scale and zero point of x's run-time range (widened to hold
         0, on int8's 256 codes), which it also writes to the 8-byte record at `qparams`
         (scale f32, zero point i32) for DEQUANTIZE_DYNAMIC."""
@@ -888,7 +898,7 @@ class CommandBufferBuilder:
                            wsum: IntLike, bias: IntLike | None = None,
                            activation: Activation | int | str | None = None,
                            dtype: DType | int | str = DType.F32,
-                           name: str | None = None) -> int:
+                           name: Name | None = None) -> int:
         """int8 GEMM sums x (I32, [count / (channels * inner), channels, inner]) to
         y = act(f32(x - zp * wsum[c]) * (scale * wscale[c]) + bias[c]), with (scale, zp)
         read from the record QUANTIZE_DYNAMIC wrote at `qparams` at run time."""
@@ -922,7 +932,7 @@ class CommandBufferBuilder:
                           name or f"{what} i32->{dt.name.lower()} count={count} "
                                   f"channels={ch} inner={inn}{extra}")
 
-    def call(self, addr: IntLike, size: IntLike, *, name: str | None = None) -> int:
+    def call(self, addr: IntLike, size: IntLike, *, name: Name | None = None) -> int:
         """CALL the command buffer of `size` bytes (> 0, a multiple of 8) at host IOVA
         `addr`; it is validated with the caller, before anything runs."""
         addr = _addr(addr, "CALL addr")
@@ -933,7 +943,7 @@ class CommandBufferBuilder:
         return self._emit(Opcode.CALL, 0, {"addr": addr, "size": size},
                           name or f"CALL addr={addr:#x} size={size}")
 
-    def signal(self, addr: IntLike, value: IntLike, *, name: str | None = None) -> int:
+    def signal(self, addr: IntLike, value: IntLike, *, name: Name | None = None) -> int:
         """Write the 8-byte `value` to host IOVA `addr`."""
         addr = _addr(addr, "SIGNAL addr")
         _range(addr, 8, "SIGNAL addr")
@@ -941,7 +951,7 @@ class CommandBufferBuilder:
         return self._emit(Opcode.SIGNAL, 0, {"addr": addr, "value": value},
                           name or f"SIGNAL addr={addr:#x} value={value}")
 
-    def wait(self, addr: IntLike, value: IntLike, *, name: str | None = None) -> int:
+    def wait(self, addr: IntLike, value: IntLike, *, name: Name | None = None) -> int:
         """Wait until the 8-byte value at host IOVA `addr` is >= `value` (the device
         polls in virtual time with backoff; the function's preemption timeout bounds
         the wait: a WAIT never satisfied fails with TIMEOUT)."""
@@ -951,7 +961,7 @@ class CommandBufferBuilder:
         return self._emit(Opcode.WAIT, 0, {"addr": addr, "value": value},
                           name or f"WAIT addr={addr:#x} value>={value}")
 
-    def timestamp(self, addr: IntLike, *, name: str | None = None) -> int:
+    def timestamp(self, addr: IntLike, *, name: Name | None = None) -> int:
         """Write the command's start time (ns, 8 bytes) to host IOVA `addr`."""
         addr = _addr(addr, "TIMESTAMP addr")
         _range(addr, 8, "TIMESTAMP addr")
@@ -959,7 +969,7 @@ class CommandBufferBuilder:
                           name or f"TIMESTAMP addr={addr:#x}")
 
     def raw(self, opcode: IntLike, payload: builtins.bytes = b"", *,
-            flags: IntLike = 0, length: IntLike | None = None, name: str | None = None) -> int:
+            flags: IntLike = 0, length: IntLike | None = None, name: Name | None = None) -> int:
         """Append a header and payload as given, unchecked (for negative tests).
 
         `length` defaults to 8 + len(payload); the bytes written are always exactly the

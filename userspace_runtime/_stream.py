@@ -30,13 +30,18 @@ from ._staging import Region, StagingPool
 _CMD_ALIGN = isa.ALIGN
 
 
-def _caller() -> str:
-    """file:line of the user code that called the public Stream method (for names)."""
+def _caller() -> tuple[str, int]:
+    """Where the user code that called the public Stream method is (for names), taken
+    now and formatted by `_where` only if a name is ever read."""
     try:
         f = sys._getframe(2)
     except ValueError:  # pragma: no cover - shallow stack
-        return "?"
-    return f"{_os.path.basename(f.f_code.co_filename)}:{f.f_lineno}"
+        return "?", 0
+    return f.f_code.co_filename, f.f_lineno
+
+
+def _where(site: tuple[str, int]) -> str:
+    return f"{_os.path.basename(site[0])}:{site[1]}"
 
 
 @dataclass(frozen=True)
@@ -262,13 +267,16 @@ class Stream:
         pinned = self.context.device._pinned_iova(arr)
         if pinned is not None:  # zero copy: one DMA straight out of the pinned array
             handle, iova = pinned
-            name = f"upload pinned {buf.shape} {buf.dtype} -> {buf.addr:#x} ({_caller()})"
+            site = _caller()
+            name = lambda: (f"upload pinned {buf.shape} {buf.dtype} -> {buf.addr:#x} "
+                            f"({_where(site)})")
             self._append(Opcode.DMA_H2D, (buf.handle, handle),
                          lambda b: b.dma_h2d(iova, buf.addr, buf.nbytes, name=name))
             return
         region = self._staging.alloc(buf.nbytes, self._open.seq)
         np.copyto(region.array().view(buf.dtype).reshape(buf.shape), arr, casting="no")
-        name = f"upload {buf.shape} {buf.dtype} -> {buf.addr:#x} ({_caller()})"
+        site = _caller()
+        name = lambda: f"upload {buf.shape} {buf.dtype} -> {buf.addr:#x} ({_where(site)})"
         self._append(Opcode.DMA_H2D, (buf.handle, region.handle),
                      lambda b: b.dma_h2d(region.iova, buf.addr, buf.nbytes, name=name),
                      (region,))
@@ -294,14 +302,18 @@ class Stream:
             pinned = self.context.device._pinned_iova(out)
             if pinned is not None:  # one DMA straight into the pinned array, no staging
                 handle, iova = pinned
-                name = f"download pinned {buf.shape} {buf.dtype} <- {buf.addr:#x} ({_caller()})"
+                site = _caller()
+                name = lambda: (f"download pinned {buf.shape} {buf.dtype} <- {buf.addr:#x} "
+                                f"({_where(site)})")
                 ch = self._append(Opcode.DMA_D2H, (buf.handle, handle),
                                   lambda b: b.dma_d2h(buf.addr, iova, buf.nbytes, name=name))
                 pending = Pending(self, ch.seq, None, buf.shape, buf.dtype, out)
                 ch.downloads.append(pending)
                 return pending
         region = self._staging.alloc(buf.nbytes, self._open.seq)
-        name = f"download {buf.shape} {buf.dtype} <- {buf.addr:#x} ({_caller()})"
+        site = _caller()
+        name = lambda: (f"download {buf.shape} {buf.dtype} <- {buf.addr:#x} "
+                        f"({_where(site)})")
         ch = self._append(Opcode.DMA_D2H, (buf.handle, region.handle),
                           lambda b: b.dma_d2h(buf.addr, region.iova, buf.nbytes, name=name),
                           (region,))
@@ -317,7 +329,8 @@ class Stream:
         if dst.dtype != src.dtype or dst.size != src.size:
             raise ValueError(f"copy: src is {src.shape} {src.dtype}, dst is "
                              f"{dst.shape} {dst.dtype}: dtype and element count must match")
-        name = f"copy {src.addr:#x} -> {dst.addr:#x} ({_caller()})"
+        site = _caller()
+        name = lambda: f"copy {src.addr:#x} -> {dst.addr:#x} ({_where(site)})"
         self._append(Opcode.DMA_D2D, (dst.handle, src.handle),
                      lambda b: b.dma_d2d(src.addr, dst.addr, src.nbytes, name=name))
 
@@ -339,19 +352,20 @@ class Stream:
         raw = elem.tobytes() * (4 // buf.dtype.itemsize)
         pattern = int.from_bytes(raw, "little")
         body = buf.nbytes - buf.nbytes % 4
-        where = _caller()
+        site = _caller()
         if body:
             self._append(Opcode.FILL, (buf.handle,),
                          lambda b: b.fill(buf.addr, body, pattern,
-                                          name=f"fill {buf.shape} {buf.dtype} = {value!r} "
-                                               f"({where})"))
+                                          name=lambda: f"fill {buf.shape} {buf.dtype} = "
+                                                       f"{value!r} ({_where(site)})"))
         tail = buf.nbytes - body
         if tail:
             region = self._staging.alloc(tail, self._open.seq)
             region.array()[:] = np.frombuffer(raw[:tail], np.uint8)
             self._append(Opcode.DMA_H2D, (buf.handle, region.handle),
                          lambda b: b.dma_h2d(region.iova, buf.addr + body, tail,
-                                             name=f"fill tail {tail} bytes ({where})"),
+                                             name=lambda: f"fill tail {tail} bytes "
+                                                          f"({_where(site)})"),
                          (region,))
 
     def gemm(self, a: Buffer, b: Buffer, c: Buffer, bias: Buffer | None = None,
@@ -387,9 +401,14 @@ class Stream:
         act = as_activation(activation)
         alpha, beta = check_f32(alpha, "gemm alpha"), check_f32(beta, "gemm beta")
         dt = a.isa_dtype
-        extra = "".join([" +bias" if bias is not None else "",
-                         f" {act.name.lower()}" if act != Activation.NONE else ""])
-        name = f"gemm {m}x{k} @ {k}x{n} {a.dtype_name}{extra} ({_caller()})"
+        has_bias = bias is not None
+        site = _caller()
+
+        def name() -> str:
+            extra = "".join([" +bias" if has_bias else "",
+                             f" {act.name.lower()}" if act != Activation.NONE else ""])
+            return f"gemm {m}x{k} @ {k}x{n} {a.dtype_name}{extra} ({_where(site)})"
+
         bias_addr = None if bias is None else bias.addr
         self._append(Opcode.GEMM, [x.handle for _, x in ops],
                      lambda bld: bld.gemm(dtype=dt, m=m, n=n, k=k, a=a.addr, b=b.addr,
@@ -417,7 +436,9 @@ class Stream:
             if x.shape != a.shape:
                 raise ValueError(f"elementwise: {nm} has shape {x.shape} but a has {a.shape}")
         dt = a.isa_dtype
-        name = f"elementwise {eop.name.lower()} {a.shape} {a.dtype_name} ({_caller()})"
+        site = _caller()
+        name = lambda: (f"elementwise {eop.name.lower()} {a.shape} {a.dtype_name} "
+                        f"({_where(site)})")
         b_addr = None if b is None else b.addr
         self._append(Opcode.ELEMENTWISE, [x.handle for _, x in ops],
                      lambda bld: bld.elementwise(eop, dtype=dt, count=a.size, a=a.addr,
@@ -466,7 +487,8 @@ class Stream:
         if not self.context.device.has_feature(va1.F_TIMESTAMP):
             raise RuntimeError("record_event: the device did not negotiate VA1_F_TIMESTAMP")
         handle, iova, slot = self.context._timestamp_slot()
-        name = f"event ({_caller()})"
+        site = _caller()
+        name = lambda: f"event ({_where(site)})"
         ch = self._append(Opcode.TIMESTAMP, (handle,), lambda b: b.timestamp(iova, name=name))
         return Event(self, ch.seq, slot)
 
