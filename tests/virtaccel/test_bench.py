@@ -173,15 +173,21 @@ def test_bare_ring_batch_moves_every_descriptor_once() -> None:
 def test_smoke_run_of_every_case_gives_well_formed_rows(tmp_path: Path) -> None:
     rows = run_bench(Sizes.smoke(), profile=False)
     names = [r.name for r in rows]
-    assert [n.split("_")[0] for n in names] == ["a", "b", "c", "c", "d", "e", "f", "g", "h"]
+    assert [n.split("_")[0] for n in names] == ["a", "b", "c", "c", "d", "e", "f", "g", "h",
+                                                "i"]
     for r in rows:
         if r.name.startswith("h_") and r.value is None:
             continue  # checked below
+        if r.name.startswith("i_"):
+            assert r.value is not None and r.value >= 0 and r.ratio == r.value   # MiB
+            continue
         assert r.value is not None and r.value > 0 and r.baseline is not None and r.baseline > 0
         assert r.ratio is not None and r.op in (">=", "<=") and r.note
         assert "best of" not in r.note and r.spread["value"]["n"] >= 1
-    assert [r.target for r in rows] == [0.9, 0.8, 0.9, 0.9, 20.0, 0.7, 1.05, 3.0, 3.0]
-    h = rows[-1]
+    assert [r.target for r in rows] == [0.9, 0.8, 0.9, 0.9, 20.0, 0.7, 1.05, 3.0, 3.0, 20.0]
+    i = rows[-1]
+    assert i.name == "i_rss_300_submissions" and i.unit == "MiB" and i.baseline == 1.0
+    h = rows[-2]
     assert h.name == "h_resnet18_32_vs_onnxruntime" and "width 8" in h.note
     if h.value is None:   # said plainly, never an exception
         assert not h.met and ("does not compile yet: node" in h.note
@@ -221,7 +227,7 @@ def test_cli_bench_smoke_writes_json_and_png(tmp_path: Path,
     read_png_size((tmp_path / "b.png").read_bytes())
     assert main(["bench", "--only", "z"]) == 2
     assert "virtaccel bench: --only: unknown case(s) z" in capsys.readouterr().err
-    assert set(CASES) == set("abcdefgh")
+    assert set(CASES) == set("abcdefghi")
 
 
 def test_phase_recorder_pairs_consecutive_events_within_iterations() -> None:

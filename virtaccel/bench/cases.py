@@ -61,6 +61,9 @@ class Sizes:
     # BLAS threads of the stack and of every baseline alike (numpy's BLAS through
     # threadpoolctl, onnxruntime's intra-op threads); 0: the library's default.
     blas_threads: int = 1
+    rss_submissions: int = 1_000_000
+    rss_warmup: int = 10_000
+    rss_batch: int = 256
 
     @classmethod
     def full(cls) -> "Sizes":
@@ -73,7 +76,8 @@ class Sizes:
                    dma_bytes=64 << 10, dma_reps=2, null_reps=3, ring_loops=2,
                    ring_loop_len=10, nop_per_buffer=16, nop_buffers=2, nop_reps=2,
                    ring_batch=16, vms_small=1, vms_large=2, vm_reps=1, startup_reps=2,
-                   resnet_hw=32, resnet_width=8, resnet_reps=1)
+                   resnet_hw=32, resnet_width=8, resnet_reps=1, rss_submissions=300,
+                   rss_warmup=50, rss_batch=16)
 
 
 def run_in_vm(program: Callable[[GuestOS], Any], *, attach: str = "mmio",
@@ -605,7 +609,72 @@ def resnet18(sz: Sizes, profiles: ProfileSet | None = None) -> Row:
                     sz.resnet_reps)
 
 
+# --- (i) memory over many submissions ------------------------------------------------------
+
+RSS_TARGET_MIB = 20.0
+
+
+def rss_bytes() -> int:
+    """This process's resident set now (/proc/self/statm; elsewhere the peak, from
+    getrusage)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        import resource
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def rss_growth(sz: Sizes, profiles: ProfileSet | None = None) -> Row:
+    """(i) RSS growth over `rss_submissions` one-NOP submissions on one stream, after a
+    warm-up of `rss_warmup`: each is its own submission (enqueue + flush), synchronized
+    every `rss_batch` submissions so that a run of a million takes minutes, not the
+    ~270 us of a full round trip each. An absolute bound: value = growth in MiB,
+    baseline = 1 MiB."""
+    import gc
+    rt = _runtime()
+    n = sz.rss_submissions
+
+    def program(os_: GuestOS) -> tuple[int, int]:
+        with rt.Device(os_) as dev:
+            ctx = dev.create_context()
+            s = ctx.create_stream()
+            nop = rt.CommandBufferBuilder()
+            nop.nop()
+
+            def submit(count: int) -> None:
+                for i in range(count):
+                    s.enqueue(nop)
+                    s.flush()
+                    if i % sz.rss_batch == sz.rss_batch - 1:
+                        s.synchronize()
+                s.synchronize()
+
+            submit(sz.rss_warmup)
+            gc.collect()
+            before = rss_bytes()
+            with maybe_section(profiles):
+                submit(n if profiles is None else min(n, 2000))
+            gc.collect()
+            after = rss_bytes()
+            ctx.destroy()
+        return before, after
+
+    before, after = run_in_vm(program, profiles=profiles)
+    growth = max(0, after - before) / _MIB
+    return cost_row(f"i_rss_{n}_submissions", growth, 1.0, RSS_TARGET_MIB, "MiB",
+                    f"RSS growth over {n} one-NOP submissions (enqueue+flush, synchronize "
+                    f"every {sz.rss_batch}) after {sz.rss_warmup} warm-up ones: "
+                    f"{before / _MIB:.0f} -> {after / _MIB:.0f} MiB; one run; baseline "
+                    "1 MiB (ratio = MiB)", 1)
+
+
+def maybe_section(profiles: ProfileSet | None) -> Any:
+    from .profile import maybe
+    return maybe(profiles)
+
+
 CASES: dict[str, Callable[[Sizes, ProfileSet | None], Row | list[Row]]] = {
     "a": gemm, "b": mlp, "c": dma, "d": null_round_trip, "e": nop_rate, "f": vm_scaling,
-    "g": cli_startup, "h": resnet18,
+    "g": cli_startup, "h": resnet18, "i": rss_growth,
 }
