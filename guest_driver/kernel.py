@@ -60,6 +60,42 @@ class KernelTimer(Protocol):
     def cancel(self) -> None: ...
 
 
+_GUEST_STATE_ATTR = "_reads_guest_state_only"
+
+
+class _GuestStateCond:
+    """A callable that cannot carry the mark itself (a bound method), wrapped."""
+
+    __slots__ = ("fn", _GUEST_STATE_ATTR)
+
+    def __init__(self, fn: Callable[[], bool]) -> None:
+        self.fn = fn
+        setattr(self, _GUEST_STATE_ATTR, True)
+
+    def __call__(self) -> bool:
+        return self.fn()
+
+
+def guest_state(cond: Callable[[], bool]) -> Callable[[], bool]:
+    """Mark a wait condition as reading only state this guest kernel's own code changes:
+    its tasks, interrupt handlers and timers (a fence signalled by the interrupt path, a
+    request completed by it). Not device registers, not memory a device writes (a used
+    ring polled in the condition), not virtual time. Like Linux's wait_event after a
+    wake_up, the machine may then re-check it only after such code ran instead of at
+    every step, which keeps a machine of many guests cheap. Unmarked conditions are
+    checked at every step. Returns `cond` (marked)."""
+    try:
+        setattr(cond, _GUEST_STATE_ATTR, True)
+        return cond
+    except AttributeError:
+        return _GuestStateCond(cond)
+
+
+def reads_guest_state_only(cond: Callable[[], bool]) -> bool:
+    """Whether `cond` was marked by guest_state."""
+    return getattr(cond, _GUEST_STATE_ATTR, False) is True
+
+
 class GuestScheduler(Protocol):
     def now_ns(self) -> int: ...
 

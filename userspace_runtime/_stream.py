@@ -44,6 +44,9 @@ def _where(site: tuple[str, int]) -> str:
     return f"{_os.path.basename(site[0])}:{site[1]}"
 
 
+SUBMISSION_HISTORY = 1024   # results a Stream keeps (Stream.submissions)
+
+
 @dataclass(frozen=True)
 class SubmissionResult:
     """How one submitted command buffer ended, as WAIT reported it."""
@@ -185,7 +188,10 @@ class Stream:
         self._inflight: deque[_Chunk] = deque()
         self._completed_seq = -1
         self._first_error: tuple[int, BaseException] | None = None
-        self.submissions: list[SubmissionResult] = []
+        # The newest SUBMISSION_HISTORY results (older ones are released: a stream's
+        # memory does not grow with its submissions); device_ns counts them all.
+        self.submissions: deque[SubmissionResult] = deque(maxlen=SUBMISSION_HISTORY)
+        self._device_ns = 0
         self.destroyed = False
         self._staging = StagingPool(self._drv, lambda seq: seq <= self._completed_seq,
                                     self._poll)
@@ -205,7 +211,7 @@ class Stream:
     @property
     def device_ns(self) -> int:
         """Sum of device time over the completed submissions."""
-        return sum(s.device_ns for s in self.submissions)
+        return self._device_ns
 
     @property
     def pending_commands(self) -> int:
@@ -546,6 +552,7 @@ class Stream:
                                   fence_seq=ch.fence or 0, context_id=self.context.id,
                                   queue=self.queue)
         self.submissions.append(res)
+        self._device_ns += res.device_ns
         self._completed_seq = ch.seq
         if err is not None and self._first_error is None:
             self._first_error = (ch.seq, err)

@@ -519,7 +519,8 @@ class Session:
         services (RAM, MMIO and config accessors, interrupts, waits) without booting the
         project's driver: how a hostile or home-grown guest kernel drives the device."""
         target = self._vm(vm)
-        task = self.machine.spawn(lambda: program(target.kernel), name or f"{target.name}.kernel")
+        task = self.machine.spawn(lambda: program(target.kernel),
+                                  name or f"{target.name}.kernel", target.domain)
         self.tasks.append(task)
         return task
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
-from guest_driver.kernel import PciHostBridge, PlatformDevice, RamRange
+from guest_driver.kernel import PciHostBridge, PlatformDevice, RamRange, reads_guest_state_only
 
 from .bus import MmioBus
 from .irq import InterruptController
-from .machine import Machine, PendingIrq
+from .machine import Machine, PendingIrq, WaitDomain
 from .memory import GuestMemory
 from .trace import SourceTracer
 
@@ -70,8 +70,9 @@ class GuestTimer(PendingIrq):
     so a timer whose fn does nothing leaves the trace as it was."""
 
     def __init__(self, machine: Machine, delay_ns: int, fn: Callable[[], None],
-                 what: str) -> None:
+                 what: str, domain: WaitDomain | None = None) -> None:
         self._machine = machine
+        self.domain = domain
         self._fn = fn
         self.cancelled = False
         self._event = machine.sched.schedule(max(0, int(delay_ns)), self._fire, what)
@@ -91,18 +92,23 @@ class GuestTimer(PendingIrq):
 
 
 class GuestSched:
-    def __init__(self, machine: Machine) -> None:
+    """`domain`: the guest kernel these services belong to; a wait condition its driver
+    marks with guest_driver.kernel.guest_state is declared with it (vmm.machine)."""
+
+    def __init__(self, machine: Machine, domain: WaitDomain | None = None) -> None:
         self._machine = machine
         self._now = machine.sched.now_ns
+        self.domain = domain
 
     def start_timer(self, delay_ns: int, fn: Callable[[], None], what: str) -> GuestTimer:
-        return GuestTimer(self._machine, delay_ns, fn, what)
+        return GuestTimer(self._machine, delay_ns, fn, what, self.domain)
 
     def now_ns(self) -> int:
         return self._now()
 
     def wait_until(self, cond: Callable[[], bool], timeout_ns: int | None, what: str) -> bool:
-        return self._machine.wait_until(cond, timeout_ns, what)
+        domain = self.domain if reads_guest_state_only(cond) else None
+        return self._machine.wait_until(cond, timeout_ns, what, domain)
 
     def sleep(self, ns: int) -> None:
         self._machine.sleep(ns)

@@ -25,7 +25,7 @@ from guest_driver.kernel import MsiMessage, PciHostBridge, PlatformDevice, RamRa
 
 from .guest import GuestMmio, GuestSched
 from .iommu import IommuDomain
-from .machine import PendingIrq
+from .machine import PendingIrq, WaitDomain
 from .memory import GuestMemory, HostMemory
 from .trace import SourceTracer
 
@@ -40,6 +40,7 @@ KERNEL_RESERVED = 1 << 20
 class _PendingHandler(PendingIrq):
     def __init__(self, irq: "HostKernelIrq", msg: MsiMessage) -> None:
         self.irq = irq
+        self.domain = irq.domain
         self.msg = msg
         self.queued = False
 
@@ -54,8 +55,10 @@ class _PendingHandler(PendingIrq):
 class HostKernelIrq:
     """guest_driver.kernel.IrqChip on the host MSI domain, for one requester ID."""
 
-    def __init__(self, host: "Host", requester_id: int, tracer: SourceTracer) -> None:
+    def __init__(self, host: "Host", requester_id: int, tracer: SourceTracer,
+                 domain: WaitDomain | None = None) -> None:
         self.host = host
+        self.domain = domain   # the host kernel its handlers belong to
         self.requester_id = requester_id
         self.trace = tracer
         self.handlers: dict[int, Callable[[], None]] = {}
@@ -118,10 +121,12 @@ def make_host_kernel(host: "Host", requester_id: int, name: str,
     host.iommu.map(domain, HOST_KERNEL_RAM_BASE, memory, HOST_KERNEL_RAM_BASE, ram_size)
     host.iommu.attach(requester_id, domain)
     machine = host.machine
+    wait_domain = machine.wait_domain(f"{host.name}.{name}")
     mmio = GuestMmio(machine, host.bus, machine.trace.tracer(f"{host.name}.{name}.cpu"), 0)
     return HostKernelServices(
         memory=memory, mmio=mmio,
-        irq=HostKernelIrq(host, requester_id, machine.trace.tracer(f"{host.name}.{name}.irq")),
-        sched=GuestSched(machine), trace=machine.trace.tracer(f"{host.name}.{name}"),
+        irq=HostKernelIrq(host, requester_id, machine.trace.tracer(f"{host.name}.{name}.irq"),
+                          wait_domain),
+        sched=GuestSched(machine, wait_domain), trace=machine.trace.tracer(f"{host.name}.{name}"),
         ram=RamRange(HOST_KERNEL_RAM_BASE + KERNEL_RESERVED, ram_size - KERNEL_RESERVED),
         pci_hosts=(host.pci.info(),), host_memory=hm, dma_domain=domain)

@@ -22,7 +22,7 @@ from guest_driver.kernel import MsiMessage
 from hwspec.pci import MSI_ADDRESS_BASE
 
 from .errors import VmmError
-from .machine import Machine, PendingIrq
+from .machine import Machine, PendingIrq, WaitDomain
 from .msi import MsiDomain, RequesterMsiPort, UnknownMsi
 
 STORM_LIMIT = 100_000
@@ -48,6 +48,7 @@ class Line(PendingIrq):
 
     def __init__(self, chip: "InterruptController", number: int) -> None:
         self.chip = chip
+        self.domain = chip.domain
         self.number = number
         self.level = False
         self.handler: Callable[[], None] | None = None
@@ -115,6 +116,7 @@ class MsiVector(PendingIrq):
     def __init__(self, chip: "InterruptController", vector: int, handler: Callable[[], None],
                  name: str) -> None:
         self.chip = chip
+        self.domain = chip.domain
         self.vector = vector
         self.handler: Callable[[], None] | None = handler
         self.name = name
@@ -160,8 +162,10 @@ class InterruptController:
     """Implements guest_driver.kernel.IrqChip for the guest and hands lines and MSI
     ports to devices."""
 
-    def __init__(self, machine: Machine, source: str, lines: int = 64, latency_ns: int = 200) -> None:
+    def __init__(self, machine: Machine, source: str, lines: int = 64, latency_ns: int = 200,
+                 domain: WaitDomain | None = None) -> None:
         self.machine = machine
+        self.domain = domain   # the guest kernel its handlers belong to
         self.trace = machine.trace
         self.source = source
         self.tracer = machine.trace.tracer(source)   # the same events as trace.emit(source, ...)

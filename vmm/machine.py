@@ -6,16 +6,31 @@ the one holding the baton runs). A task gives up the CPU only inside `wait_until
 another task only when one is ready. When several are ready the seeded RNG picks, so the
 same seed replays the same interleaving. Interrupt handlers run in the task that is
 waiting, between events, never inside an event callback.
+
+Picking the next task does not call every task's condition (that made a machine of n
+guests cost O(n) per step). A wait condition is either undeclared (any callable: called
+at every pick, as before) or declared with a `WaitDomain`: it reads only state that code
+of that domain changes (one guest kernel: its tasks, interrupt handlers and timers). A
+domain is "touched" when one of its interrupts or timers is delivered and when one of its
+tasks stops running (waits or ends); an interrupt or task with no domain touches every
+domain. The machine keeps the tasks known to be ready (new, deadlocked, deadline passed,
+declared condition found true and its domain untouched since) in an ordered index set,
+and calls at a pick only the conditions of undeclared waits, of touched domains and of
+waits just begun. The ready list, in task order, and with it the RNG's pick, is exactly
+what a call of every task's ready() would give (`Machine.verify_ready_set` checks that);
+the k-th ready task is found by rank and select in O(log n).
 """
 from __future__ import annotations
 
 import enum
+import heapq
 import random
 import threading
 from collections import deque
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 from .errors import VmmError
+from .index_set import IndexSet
 from .scheduler import Scheduler, SchedulerError
 from .trace import Trace
 
@@ -37,13 +52,33 @@ class TaskState(enum.Enum):
     DONE = "done"
 
 
+class WaitDomain:
+    """State that only one guest kernel's own code changes (its tasks, interrupt handlers
+    and timers). A wait condition declared with it is re-checked only after such code ran.
+    `waiting`: indices of the tasks now waiting on a condition of this domain."""
+
+    __slots__ = ("name", "waiting")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.waiting: set[int] = set()
+
+    def __repr__(self) -> str:
+        return f"WaitDomain({self.name!r})"
+
+
 class GuestTask:
-    def __init__(self, machine: "Machine", name: str, fn: Callable[[], Any]) -> None:
+    def __init__(self, machine: "Machine", name: str, fn: Callable[[], Any], index: int,
+                 domain: WaitDomain | None = None) -> None:
         self.machine = machine
         self.name = name
         self.fn = fn
+        self.index = index           # position in machine.tasks
+        self.domain = domain         # what its code may change (None: anything)
         self.state = TaskState.NEW
         self.cond: Callable[[], bool] | None = None
+        self.cond_domain: WaitDomain | None = None   # what cond reads (None: anything)
+        self.wait_serial = 0         # which wait a deadline-heap entry belongs to
         self.deadline: int | None = None
         self.what = ""
         self.deadlocked = False
@@ -79,13 +114,22 @@ class GuestTask:
 
 
 class PendingIrq:
-    """What the interrupt controller queues for delivery in guest context."""
+    """What the interrupt controller queues for delivery in guest context. `domain`: the
+    guest kernel whose handler runs (None: it may change anything)."""
+
+    domain: WaitDomain | None = None
 
     def deliver(self) -> None:
         raise NotImplementedError
 
 
 class Machine:
+    # Check every pick against a call of every task's ready(); a task the ready set has
+    # wrong is put right (the pick is the full scan's) and named in
+    # ready_set_violations. For tests: it costs what the ready set saves.
+    verify_ready_set: ClassVar[bool] = False
+    ready_set_violations: ClassVar[list[str]] = []
+
     def __init__(self, seed: int = 0, keep_trace: bool = False,
                  time_limit_ns: int | None = None) -> None:
         if time_limit_ns is not None and time_limit_ns <= 0:
@@ -103,6 +147,19 @@ class Machine:
         self._running_tasks = False
         self._main_deadline: int | None = None  # wait_until outside any task
         self._time_limited = False   # the deadlock that ended waits was the time limit
+        self._live = 0               # tasks not DONE
+        # The ready set (module docstring): tasks known ready, the candidates whose
+        # ready() a pick calls, the declared waiters of every domain, and heaps of
+        # (deadline, wait serial, index) of waiting tasks, one to find the earliest, one
+        # to find those whose deadline passed.
+        self._known_ready = IndexSet()
+        self._candidates: set[int] = set()
+        self._declared: set[int] = set()
+        self._deadlines: list[tuple[int, int, int]] = []
+        self._to_pass: list[tuple[int, int, int]] = []
+        self._with_deadline = 0      # waiting tasks with a deadline
+        self._serial = 0
+        self._sleeping = WaitDomain("sleep")   # a sleep's condition never changes
         self.sched.deadlines = self._earliest_deadline
 
     # -- time ------------------------------------------------------------------------
@@ -120,15 +177,76 @@ class Machine:
         self._pending_irqs.append(irq)
 
     def _deliver_irqs(self) -> None:
-        while self._pending_irqs:
-            self._pending_irqs.popleft().deliver()
+        pending = self._pending_irqs
+        while pending:
+            irq = pending.popleft()
+            irq.deliver()
+            self._touch(irq.domain)
+
+    # -- the ready set ---------------------------------------------------------------
+    def wait_domain(self, name: str) -> WaitDomain:
+        """A new domain for one guest kernel's waits, tasks and interrupts."""
+        return WaitDomain(name)
+
+    def _touch(self, domain: WaitDomain | None) -> None:
+        """Code of `domain` (None: of any) ran: its declared waiters are candidates."""
+        waiting = self._declared if domain is None else domain.waiting
+        if waiting:
+            self._candidates |= waiting
+            known = self._known_ready
+            for i in waiting:
+                known.discard(i)
+
+    def _begin_wait(self, me: GuestTask, cond: Callable[[], bool], deadline: int | None,
+                    what: str, domain: WaitDomain | None) -> None:
+        me.cond, me.deadline, me.what, me.state = cond, deadline, what, TaskState.WAITING
+        me.cond_domain = domain
+        self._serial += 1
+        me.wait_serial = serial = self._serial
+        i = me.index
+        self._known_ready.discard(i)
+        self._candidates.add(i)
+        if domain is not None:
+            domain.waiting.add(i)
+            self._declared.add(i)
+        if deadline is not None:
+            self._with_deadline += 1
+            heapq.heappush(self._deadlines, (deadline, serial, i))
+            heapq.heappush(self._to_pass, (deadline, serial, i))
+            if max(len(self._deadlines), len(self._to_pass)) > 2 * self._with_deadline + 64:
+                self._compact_deadlines()
+        self._touch(me.domain)   # what this task did since it last ran
+
+    def _end_wait(self, me: GuestTask) -> None:
+        self._known_ready.discard(me.index)
+        if me.cond_domain is not None:
+            me.cond_domain.waiting.discard(me.index)
+            self._declared.discard(me.index)
+        if me.deadline is not None:
+            self._with_deadline -= 1
+        me.state, me.cond, me.deadline, me.cond_domain = TaskState.RUNNING, None, None, None
+
+    def _compact_deadlines(self) -> None:
+        """Drop the entries of waits that ended (heaps of waits long gone stay small)."""
+        def live(e: tuple[int, int, int]) -> bool:
+            t = self.tasks[e[2]]
+            return t.wait_serial == e[1] and t.state is TaskState.WAITING
+        self._deadlines = [e for e in self._deadlines if live(e)]
+        self._to_pass = [e for e in self._to_pass if live(e)]
+        heapq.heapify(self._deadlines)
+        heapq.heapify(self._to_pass)
 
     # -- tasks -----------------------------------------------------------------------
-    def spawn(self, fn: Callable[[], Any], name: str) -> GuestTask:
+    def spawn(self, fn: Callable[[], Any], name: str,
+              domain: WaitDomain | None = None) -> GuestTask:
+        """A task running `fn`; `domain`: the guest kernel whose state its code may
+        change (None: any, the safe default for host tasks and tests)."""
         if self._running_tasks:
             raise SchedulerError("guest tasks must be spawned before run_tasks()")
-        task = GuestTask(self, name, fn)
+        task = GuestTask(self, name, fn, len(self.tasks), domain)
         self.tasks.append(task)
+        self._known_ready.add(task.index)
+        self._live += 1
         return task
 
     def run_tasks(self) -> list[GuestTask]:
@@ -138,6 +256,7 @@ class Machine:
             return self.tasks
         self._running_tasks = True
         self._all_done.clear()
+        self._touch(None)   # whatever ran outside the tasks
         for t in pending:
             t.thread.start()
         first = self._pick_ready(None)
@@ -150,13 +269,82 @@ class Machine:
         return self.tasks
 
     def _pick_ready(self, exclude: GuestTask | None) -> GuestTask | None:
+        """The next task to run: one of the ready tasks but `exclude`, in task order,
+        picked by the seeded RNG when there are several (module docstring)."""
         now = self.sched.now_ns()
-        ready = [t for t in self.tasks if t is not exclude and t.ready(now)]
-        if not ready:
-            return None
-        if len(ready) == 1:
-            return ready[0]
-        return ready[self.rng.randrange(len(ready))]
+        tasks = self.tasks
+        candidates = self._candidates
+        known = self._known_ready
+        to_pass = self._to_pass
+        waiting = TaskState.WAITING
+        while to_pass and to_pass[0][0] <= now:
+            _, serial, i = heapq.heappop(to_pass)
+            t = tasks[i]
+            if t.wait_serial == serial and t.state is waiting:
+                candidates.add(i)
+        # Ready tasks that are not known to stay ready (undeclared waits): this pick only.
+        extra: list[int] = []
+        order = sorted(candidates) if len(candidates) > 1 else list(candidates)
+        for i in order:
+            t = tasks[i]
+            if t is exclude:
+                continue
+            if t.ready(now):
+                if (t.cond_domain is None and t.state is waiting and not t.deadlocked
+                        and (t.deadline is None or now < t.deadline)):
+                    extra.append(i)
+                    continue
+                known.add(i)     # ready until it runs or its domain is touched
+            elif t.state is waiting and (t.cond_domain is None or t.deadlocked):
+                continue         # undeclared: called again at the next pick
+            candidates.discard(i)
+        skip = exclude.index if exclude is not None and exclude.index in known else None
+        if skip is not None:
+            known.discard(skip)
+        try:
+            if self.verify_ready_set:
+                self._verify_skipped(set(order), exclude, now)
+            n = len(known) + len(extra)
+            if n == 0:
+                return None
+            if n == 1:
+                return tasks[extra[0] if extra else known.select(0)]
+            return tasks[self._kth_ready(self.rng.randrange(n), extra)]
+        finally:
+            if skip is not None:
+                known.add(skip)
+
+    def _kth_ready(self, k: int, extra: list[int]) -> int:
+        """The index of the k-th task of (known ready | extra) in task order; `extra` is
+        sorted and disjoint from the known ready."""
+        known = self._known_ready
+        for j, e in enumerate(extra):
+            pos = known.rank(e) + j
+            if k < pos:
+                return known.select(k - j)
+            if k == pos:
+                return e
+        return known.select(k - len(extra))
+
+    def _verify_skipped(self, checked: set[int], exclude: GuestTask | None, now: int) -> None:
+        """Each task a pick did not call ready() on is known ready exactly when it is
+        ready (called here: declared conditions only, which read state and change
+        nothing)."""
+        known = self._known_ready
+        for t in self.tasks:
+            if t.index in checked or t is exclude:
+                continue
+            ready = t.ready(now)
+            if ready != (t.index in known):
+                self.ready_set_violations.append(
+                    f"task {t.name!r} ({t.state.value}, {t.what!r}) is "
+                    f"{'' if ready else 'not '}ready but the ready set says otherwise: "
+                    f"a condition declared with {t.cond_domain!r} changed without code of "
+                    "that domain running")
+                if ready:
+                    known.add(t.index)
+                else:
+                    known.discard(t.index)
 
     def _hand_to(self, task: GuestTask) -> None:
         self._current = task
@@ -164,11 +352,15 @@ class Machine:
 
     def _earliest_deadline(self) -> int | None:
         best = self._main_deadline
+        heap = self._deadlines
+        tasks = self.tasks
         waiting = TaskState.WAITING
-        for t in self.tasks:
-            d = t.deadline
-            if d is not None and t.state is waiting and (best is None or d < best):
-                best = d
+        while heap:
+            d, serial, i = heap[0]
+            t = tasks[i]
+            if t.wait_serial == serial and t.state is waiting:
+                return d if best is None or d < best else best
+            heapq.heappop(heap)
         return best
 
     def _step(self, what: str, who: str, own_deadline: int | None = None) -> None:
@@ -190,14 +382,19 @@ class Machine:
             raise GuestDeadlock(f"guest task {who!r} waits for {what} forever: "
                                 f"no event is pending and no other task can run")
 
-    def wait_until(self, cond: Callable[[], bool], timeout_ns: int | None, what: str) -> bool:
+    def wait_until(self, cond: Callable[[], bool], timeout_ns: int | None, what: str,
+                   domain: WaitDomain | None = None) -> bool:
+        """Block until cond() holds (True) or the virtual timeout passes (False).
+        `domain`: cond reads only state that code of this domain changes (module
+        docstring); None: cond may read anything (device registers, memory a device
+        writes, virtual time) and is checked at every pick."""
         now = self.sched.now_ns()
         deadline = None if timeout_ns is None or timeout_ns < 0 else now + int(timeout_ns)
         me = self._current if self._running_tasks else None
         if self._running_tasks and (me is None or threading.current_thread() is not me.thread):
             raise SchedulerError("wait_until called outside the running guest task")
         if me is not None:
-            me.cond, me.deadline, me.what, me.state = cond, deadline, what, TaskState.WAITING
+            self._begin_wait(me, cond, deadline, what, domain)
         outer_main = self._main_deadline
         if me is None and deadline is not None:
             self._main_deadline = deadline if outer_main is None else min(outer_main, deadline)
@@ -235,16 +432,19 @@ class Machine:
                 wake["time_limit"] = self.time_limit_ns
             self.trace.emit("machine", "wake", wake)
             if me is not None:
-                me.state, me.cond, me.deadline = TaskState.RUNNING, None, None
+                self._end_wait(me)
             self._main_deadline = outer_main
 
     def sleep(self, ns: int) -> None:
-        self.wait_until(lambda: False, max(0, int(ns)), "sleep")
+        self.wait_until(lambda: False, max(0, int(ns)), "sleep", self._sleeping)
 
     def _finish(self, task: GuestTask) -> None:
         """A task ended: drive time until another task can run, or end the run."""
+        self._live -= 1
+        self._known_ready.discard(task.index)
+        self._touch(task.domain)
         while True:
-            if all(t.state is TaskState.DONE for t in self.tasks):
+            if self._live == 0:
                 self._current = None
                 self._all_done.set()
                 return
@@ -260,8 +460,10 @@ class Machine:
                 for t in self.tasks:
                     if t.state is TaskState.WAITING:
                         t.deadlocked = True
+                        self._candidates.add(t.index)
             except BaseException as exc:  # an event failed with no task to report it
                 for t in self.tasks:
                     if t.state is TaskState.WAITING:
                         t.deadlocked = True
                         t.error = exc
+                        self._candidates.add(t.index)

@@ -83,7 +83,10 @@ class Vm:
         self.host = HostMemory(ram_size, name=f"virtaccel-{name}")
         self.memory = GuestMemory(self.host, ram_base, ram_size)
         self.bus = MmioBus()
-        self.irqchip = InterruptController(machine, f"{name}.irq")
+        # This guest kernel's code: its tasks, interrupt handlers and timers
+        # (vmm.machine's ready set).
+        self.domain = machine.wait_domain(name)
+        self.irqchip = InterruptController(machine, f"{name}.irq", domain=self.domain)
         self.mmio = GuestMmio(machine, self.bus, machine.trace.tracer(f"{name}.cpu"), exit_cost_ns)
         self.accelerators: list[EmulatedVa1] = []
         self.pci_accelerators: list[EmulatedVa1Pci] = []
@@ -93,7 +96,8 @@ class Vm:
         self._irqfds: dict[int, IrqfdRegistry] = {}
         self.closed = False
         self.kernel = GuestKernelServices(
-            memory=self.memory, mmio=self.mmio, irq=self.irqchip, sched=GuestSched(machine),
+            memory=self.memory, mmio=self.mmio, irq=self.irqchip,
+            sched=GuestSched(machine, self.domain),
             trace=machine.trace.tracer(f"{name}.kernel"),
             ram=RamRange(ram_base + KERNEL_RESERVED, ram_size - KERNEL_RESERVED),
             cmdline=cmdline)
@@ -258,7 +262,7 @@ class Vm:
             os_ = self.boot()
             self.programs[slot] = os_
             return program(os_)
-        return self.machine.spawn(task, name or f"{self.name}.init")
+        return self.machine.spawn(task, name or f"{self.name}.init", self.domain)
 
     def close(self) -> None:
         """Release assigned functions (interrupts, device files, IOMMU mappings) and

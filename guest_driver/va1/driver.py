@@ -34,7 +34,7 @@ from hwspec.layout import Layout
 
 from ..errors import GuestDriverError
 from ..params import DEFAULT_OPTIONAL, FEATURE_NAMES, OPTIONAL_FEATURES, DriverParams
-from ..kernel import GuestKernel, KernelTimer, PlatformDevice
+from ..kernel import GuestKernel, KernelTimer, PlatformDevice, guest_state
 from ..mm import AllocError, PageAllocator
 from ..pci import PciError
 from ..virtio.admin import ADMIN_QUEUE_SIZE, AdminError, AdminQueue
@@ -446,7 +446,7 @@ class VA1Device:
                 self._reap_polled(q)
             return (self.generation != gen or self.dead is not None
                     or (q.ring.num_free >= need and bool(q.free_slots)))
-        self._wait(cond, None, what, queue=q.index)
+        self._wait(guest_state(cond), None, what, queue=q.index)
 
     # ================================================================== IRQ path
     def _interrupt(self, config: bool, queues: Optional[Sequence[int]]) -> None:
@@ -903,7 +903,7 @@ class VA1Device:
         q.ring.add(((base, len(req)),), ((base + CTRL_REQ_MAX, resp_size),), token)
         self._busy(q)
         self._kick(q)
-        ok = self._wait(lambda: token.done, CTRL_TIMEOUT_NS, "ctrl", request=what)
+        ok = self._wait(guest_state(lambda: token.done), CTRL_TIMEOUT_NS, "ctrl", request=what)
         if not ok:
             self.recover(f"control request {what} not answered in {CTRL_TIMEOUT_NS} ns")
             raise VA1Error(errno.ETIMEDOUT, f"{self.name}: {what}: device did not answer; "
@@ -1221,7 +1221,7 @@ class VA1Device:
         if self.poll_wait and self.ready and not self.dead:
             return self._poll_fence(fence, timeout_ns)
         # timeout 0 still goes through wait_until: pending interrupts are delivered there
-        return self._wait(lambda: fence.signalled, timeout_ns, "fence",
+        return self._wait(guest_state(lambda: fence.signalled), timeout_ns, "fence",
                           context=fence.context, fence=fence.seq)
 
     def _poll_fence(self, fence: Fence, timeout_ns: int | None) -> bool:

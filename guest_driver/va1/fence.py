@@ -59,6 +59,17 @@ class FenceTimeline:
     def get(self, seq: int) -> Fence | None:
         return self.fences.get(seq)
 
+    def release(self, fence: Fence) -> None:
+        """Forget a fence whose OK result was read (WAIT), so that a context's records
+        do not grow with every submission. A failed or aborted fence stays, for later
+        WAITs to report its status."""
+        if fence.signalled and fence.status == Status.OK:
+            self.fences.pop(fence.seq, None)
+
+    def released(self, seq: int) -> bool:
+        """Whether `seq` was issued here and released: signalled OK and read."""
+        return 0 < seq <= self.last_seq and seq not in self.fences
+
     def signal(self, fence: Fence, status: int, error_offset: int = NO_OFFSET,
                start_ns: int = 0, end_ns: int = 0) -> bool:
         """Signal once; a second signal is ignored (returns False)."""

@@ -14,7 +14,7 @@ import pytest
 from virtaccel.bench import CASES, Sizes, format_table, run_bench, to_json, validate_json
 from virtaccel.bench.figure import short_label, write_figure
 from virtaccel.bench.ring import BareRing, batch, round_trip
-from virtaccel.bench.rows import (ROW_FIELDS, best, cost_row, median, missing_row, rate_row,
+from virtaccel.bench.rows import (ROW_FIELDS, cost_row, median, missing_row, rate_row, spread,
                             speed_row)
 from virtaccel.bench.runner import png_path_for, write_outputs
 from virtaccel.cli import main
@@ -50,11 +50,34 @@ def test_degenerate_timings_never_count_as_met() -> None:
     assert m.value is None and m.ratio is None and not m.met and "SR-IOV" in m.note
 
 
-def test_best_and_median() -> None:
-    assert best([3.0, 1.0, 2.0]) == 1.0
+def test_median_and_spread() -> None:
     assert median([3.0, 1.0, 2.0, 10.0]) == 2.5
+    sp = spread([5.0, 1.0, 3.0, 2.0, 4.0])
+    assert sp == {"n": 5, "median": 3.0, "q1": 2.0, "q3": 4.0, "min": 1.0, "max": 5.0}
     with pytest.raises(ValueError):
-        best([])
+        median([])
+    with pytest.raises(ValueError):
+        spread([])
+
+
+def test_rows_take_the_median_of_their_runs_and_report_the_spread() -> None:
+    # one disturbed run (the 5th) would decide a best-of or a mean; the median ignores it
+    value = [0.010, 0.011, 0.010, 0.012, 0.100]
+    base = [0.009, 0.009, 0.010, 0.011, 0.009]
+    r = speed_row("a", value, base, 0.90, reps=5)
+    assert r.value == pytest.approx(0.011) and r.baseline == pytest.approx(0.009)
+    assert r.ratio == pytest.approx(0.009 / 0.011) and not r.met   # on the median
+    assert r.spread["value"]["n"] == 5 and r.spread["value"]["max"] == pytest.approx(0.1)
+    rs = r.spread["ratio"]
+    assert rs["paired"] is True and rs["n"] == 5
+    per_run = sorted(b / v for v, b in zip(value, base))
+    assert rs["min"] == pytest.approx(per_run[0]) and rs["max"] == pytest.approx(per_run[-1])
+    assert rs["q1"] <= rs["median"] <= rs["q3"]
+    # unpaired runs (other counts): the band the quartiles allow
+    c = cost_row("d", [2.0, 3.0, 4.0], [1.0, 1.0, 2.0, 2.0, 2.0], 20.0, paired=False)
+    assert c.ratio == pytest.approx(1.5) and c.spread["ratio"]["paired"] is False
+    assert c.spread["ratio"]["q1"] == pytest.approx(2.5 / 2.0)
+    assert c.spread["ratio"]["q3"] == pytest.approx(3.5 / 1.0)
 
 
 def test_json_has_every_field_and_validates() -> None:
@@ -70,6 +93,15 @@ def test_json_has_every_field_and_validates() -> None:
     bad = {"rows": [{k: v for k, v in doc["rows"][0].items() if k != "ratio"}]}
     with pytest.raises(ValueError, match="ratio"):
         validate_json(bad)
+    assert set(doc["rows"][0]["spread"]) == {"value", "baseline", "ratio"}
+    assert doc["rows"][1]["spread"] == {}
+    no_spread = {"rows": [{**doc["rows"][0], "spread": {}}]}
+    with pytest.raises(ValueError, match="spread needs value and baseline"):
+        validate_json(no_spread)
+    torn = {"rows": [{**doc["rows"][0],
+                      "spread": {**doc["rows"][0]["spread"], "value": {"n": 3}}}]}
+    with pytest.raises(ValueError, match=r"spread.value lacks numbers \['median'"):
+        validate_json(torn)
     with pytest.raises(ValueError):
         validate_json({"rows": [{**doc["rows"][0], "op": "=="}]})
 
@@ -78,7 +110,8 @@ def test_table_lists_every_row_with_its_target() -> None:
     text = format_table([speed_row("a_gemm", 0.01, 0.009, 0.9),
                          cost_row("d_null", 3e-4, 2e-6, 10.0)])
     lines = text.splitlines()
-    assert lines[0].split()[:5] == ["row", "value", "baseline", "ratio", "target"]
+    assert lines[0].split()[:7] == ["row", "value", "baseline", "ratio", "ratio", "IQR",
+                                    "runs"]
     assert any(ln.startswith("a_gemm") and ">= 0.9" in ln and "yes" in ln for ln in lines)
     assert any(ln.startswith("d_null") and "<= 10" in ln and "NO" in ln for ln in lines)
 
@@ -140,14 +173,21 @@ def test_bare_ring_batch_moves_every_descriptor_once() -> None:
 def test_smoke_run_of_every_case_gives_well_formed_rows(tmp_path: Path) -> None:
     rows = run_bench(Sizes.smoke(), profile=False)
     names = [r.name for r in rows]
-    assert [n.split("_")[0] for n in names] == ["a", "b", "c", "c", "d", "e", "f", "g", "h"]
+    assert [n.split("_")[0] for n in names] == ["a", "b", "c", "c", "d", "e", "f", "g", "h",
+                                                "i"]
     for r in rows:
         if r.name.startswith("h_") and r.value is None:
             continue  # checked below
+        if r.name.startswith("i_"):
+            assert r.value is not None and r.value >= 0 and r.ratio == r.value   # MiB
+            continue
         assert r.value is not None and r.value > 0 and r.baseline is not None and r.baseline > 0
         assert r.ratio is not None and r.op in (">=", "<=") and r.note
-    assert [r.target for r in rows] == [0.9, 0.75, 0.85, 0.85, 10.0, 0.5, 1.1, 3.0, 3.0]
-    h = rows[-1]
+        assert "best of" not in r.note and r.spread["value"]["n"] >= 1
+    assert [r.target for r in rows] == [0.9, 0.8, 0.9, 0.9, 20.0, 0.7, 1.05, 3.0, 3.0, 20.0]
+    i = rows[-1]
+    assert i.name == "i_rss_300_submissions" and i.unit == "MiB" and i.baseline == 1.0
+    h = rows[-2]
     assert h.name == "h_resnet18_32_vs_onnxruntime" and "width 8" in h.note
     if h.value is None:   # said plainly, never an exception
         assert not h.met and ("does not compile yet: node" in h.note
@@ -181,10 +221,13 @@ def test_cli_bench_smoke_writes_json_and_png(tmp_path: Path,
     doc = json.loads(out.read_text())
     validate_json(doc)
     assert len(doc["rows"]) == 2 and doc["meta"]["smoke"] is True
+    blas = doc["meta"]["blas"]
+    assert blas["threads"] == 1 and blas["library"]     # the default: one thread for all
+    assert f"{blas['threads']} thread(s) for the stack and every baseline" in text.out
     read_png_size((tmp_path / "b.png").read_bytes())
     assert main(["bench", "--only", "z"]) == 2
     assert "virtaccel bench: --only: unknown case(s) z" in capsys.readouterr().err
-    assert set(CASES) == set("abcdefgh")
+    assert set(CASES) == set("abcdefghi")
 
 
 def test_phase_recorder_pairs_consecutive_events_within_iterations() -> None:
@@ -230,6 +273,6 @@ def test_resnet18_model_is_the_torch_export_op_set() -> None:
 def test_resnet18_row_without_onnxruntime_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("onnx", reason="the onnx extra is not installed")
     from virtaccel.bench import cases
-    monkeypatch.setattr(cases, "_ort_session", lambda model: None)
+    monkeypatch.setattr(cases, "_ort_session", lambda model, threads: None)
     row = cases.resnet18(Sizes.smoke())
     assert row.value is None and not row.met and "onnxruntime is not installed" in row.note

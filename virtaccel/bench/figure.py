@@ -2,8 +2,9 @@
 
 matplotlib (Agg, no display needed) is imported only here and only when a figure is
 written, so the table-only paths and `virtaccel --help` never pay for it. Y is a log
-axis: a bar per row, green when the row meets its target and orange when it does not,
-with the target as a red line across the bar's slot.
+axis: a bar per row (its median ratio), green when the row meets its target and orange
+when it does not, an error bar over the interquartile range of its runs' ratios, and the
+target as a red line across the bar's slot.
 """
 from __future__ import annotations
 
@@ -32,7 +33,14 @@ def write_figure(path: str, rows: Sequence[Row]) -> None:
     ax = fig.add_subplot()
     xs = range(len(rows))
     ratios = [r.ratio if r.ratio is not None and r.ratio > 0 else float("nan") for r in rows]
-    ax.bar(xs, ratios, color=[MET if r.met else MISSED for r in rows], width=0.6)
+    lo, hi = [], []
+    for r, q in zip(rows, ratios):
+        rs = r.spread.get("ratio")
+        ok = rs is not None and q == q
+        lo.append(max(q - rs["q1"], 0.0) if ok and rs else 0.0)
+        hi.append(max(rs["q3"] - q, 0.0) if ok and rs else 0.0)
+    ax.bar(xs, ratios, color=[MET if r.met else MISSED for r in rows], width=0.6,
+           yerr=[lo, hi], capsize=3, error_kw={"elinewidth": 1, "ecolor": "#333333"})
     for x, r in zip(xs, rows):
         ax.hlines(r.target, x - 0.4, x + 0.4, colors=TARGET, linewidths=2)
     ax.set_yscale("log")
@@ -40,6 +48,7 @@ def write_figure(path: str, rows: Sequence[Row]) -> None:
     ax.axhline(1.0, color="grey", linewidth=0.8)
     ax.set_xticks(list(xs), [short_label(r.name) for r in rows])
     ax.set_ylabel("ratio (vs baseline)")
-    ax.set_title("virtaccel bench: ratio (bar) and target (red)", fontsize=10)
+    ax.set_title("virtaccel bench: median ratio (bar), IQR (whisker), target (red)",
+                 fontsize=10)
     ax.grid(axis="y", which="major", color="#dddddd", linewidth=0.6)
     fig.savefig(path, format="png")

@@ -9,6 +9,12 @@ timings. Three shapes:
   target is a lower bound.
 - `cost_row`: value and baseline are costs (seconds); ratio is value / baseline, target
   is an upper bound (e.g. "at most 10x the bare ring").
+
+Each takes the samples of every run (or one number). Value and baseline are the medians
+of their samples and the ratio is the ratio of those medians: the target applies to
+it. `spread` gives each one's distribution over the runs (n, median, quartiles, min,
+max) and the ratio's: the quartiles of the per-run ratios when value and baseline runs
+are paired (same count, interleaved), else the band the quartiles of both allow.
 """
 from __future__ import annotations
 
@@ -18,7 +24,10 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Sequence
 
-ROW_FIELDS = ("name", "value", "baseline", "ratio", "target", "op", "unit", "met", "note")
+ROW_FIELDS = ("name", "value", "baseline", "ratio", "target", "op", "unit", "met", "note",
+              "spread")
+SPREAD_FIELDS = ("n", "median", "q1", "q3", "min", "max")
+Samples = float | Sequence[float]
 
 
 @dataclass
@@ -35,6 +44,9 @@ class Row:
     note: str = ""
     reps: int = 0
     profile: dict[str, Any] = field(default_factory=dict)
+    # {"value": Spread, "baseline": Spread, "ratio": Spread + "paired"}, each a dict of
+    # SPREAD_FIELDS (module docstring); empty for a row with no measurement.
+    spread: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -53,40 +65,85 @@ def _ratio(num: float, den: float) -> float | None:
     return num / den
 
 
-def speed_row(name: str, value_s: float, baseline_s: float, target: float, note: str = "",
-              reps: int = 0) -> Row:
-    """Same work timed both ways; ratio = baseline / value, met when >= target."""
-    ratio = _ratio(baseline_s, value_s)
-    return Row(name, value_s, baseline_s, ratio, target, ">=", "s", _met(ratio, target, ">="),
-               note, reps)
+def _samples(x: Samples) -> list[float]:
+    out = [float(x)] if isinstance(x, (int, float)) else [float(v) for v in x]
+    if not out:
+        raise ValueError("no samples")
+    return out
 
 
-def rate_row(name: str, value: float, baseline: float, target: float, unit: str,
-             note: str = "", reps: int = 0) -> Row:
-    """Throughputs; ratio = value / baseline, met when >= target."""
-    ratio = _ratio(value, baseline)
-    return Row(name, value, baseline, ratio, target, ">=", unit, _met(ratio, target, ">="),
-               note, reps)
+def _quantile(srt: Sequence[float], q: float) -> float:
+    """Linear interpolation between the closest ranks (numpy's default)."""
+    pos = q * (len(srt) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(srt) - 1)
+    return srt[lo] + (srt[hi] - srt[lo]) * (pos - lo)
 
 
-def cost_row(name: str, value_s: float, baseline_s: float, target: float, unit: str = "s",
-             note: str = "", reps: int = 0) -> Row:
-    """Costs; ratio = value / baseline, met when <= target."""
-    ratio = _ratio(value_s, baseline_s)
-    return Row(name, value_s, baseline_s, ratio, target, "<=", unit, _met(ratio, target, "<="),
-               note, reps)
+def spread(samples: Sequence[float]) -> dict[str, Any]:
+    """n, median, quartiles, min and max of `samples`."""
+    srt = sorted(samples)
+    if not srt:
+        raise ValueError("no samples")
+    return {"n": len(srt), "median": _quantile(srt, 0.5), "q1": _quantile(srt, 0.25),
+            "q3": _quantile(srt, 0.75), "min": srt[0], "max": srt[-1]}
+
+
+def _row(name: str, num: Samples, den: Samples, value: Samples, baseline: Samples,
+         target: float, op: str, unit: str, note: str, reps: int,
+         paired: bool | None = None) -> Row:
+    """A row whose ratio is median(num) / median(den) (num, den: value and baseline in
+    the order the ratio takes them)."""
+    ns, ds = _samples(num), _samples(den)
+    vs, bs = _samples(value), _samples(baseline)
+    ratio = _ratio(median(ns), median(ds))
+    if paired is None:
+        paired = len(ns) == len(ds)
+    paired = paired and len(ns) == len(ds) and len(ns) > 1
+    if paired:
+        per_run = [r for r in (_ratio(a, b) for a, b in zip(ns, ds)) if r is not None]
+        rs = spread(per_run) if per_run else None
+    else:
+        n, d = spread(ns), spread(ds)
+        lo, hi = _ratio(n["q1"], d["q3"]), _ratio(n["q3"], d["q1"])
+        mn, mx = _ratio(n["min"], d["max"]), _ratio(n["max"], d["min"])
+        rs = None if None in (lo, hi, mn, mx, ratio) else {
+            "n": min(len(ns), len(ds)), "median": ratio, "q1": lo, "q3": hi, "min": mn,
+            "max": mx}
+    sp: dict[str, dict[str, Any]] = {"value": spread(vs), "baseline": spread(bs)}
+    if rs is not None:
+        sp["ratio"] = {**rs, "paired": paired}
+    return Row(name, median(vs), median(bs), ratio, target, op, unit, _met(ratio, target, op),
+               note, reps or len(vs), spread=sp)
+
+
+def speed_row(name: str, value_s: Samples, baseline_s: Samples, target: float,
+              note: str = "", reps: int = 0, paired: bool | None = None) -> Row:
+    """Same work timed both ways; ratio = median baseline / median value, met when >=
+    target. `paired`: run i of each was measured together (None: when the counts are
+    equal)."""
+    return _row(name, baseline_s, value_s, value_s, baseline_s, target, ">=", "s", note, reps,
+                paired)
+
+
+def rate_row(name: str, value: Samples, baseline: Samples, target: float, unit: str,
+             note: str = "", reps: int = 0, paired: bool | None = None) -> Row:
+    """Throughputs; ratio = median value / median baseline, met when >= target."""
+    return _row(name, value, baseline, value, baseline, target, ">=", unit, note, reps,
+                paired)
+
+
+def cost_row(name: str, value_s: Samples, baseline_s: Samples, target: float,
+             unit: str = "s", note: str = "", reps: int = 0,
+             paired: bool | None = None) -> Row:
+    """Costs; ratio = median value / median baseline, met when <= target."""
+    return _row(name, value_s, baseline_s, value_s, baseline_s, target, "<=", unit, note,
+                reps, paired)
 
 
 def missing_row(name: str, target: float, op: str, unit: str, note: str) -> Row:
     """A row that could not be measured yet (the note says why)."""
     return Row(name, None, None, None, target, op, unit, False, note)
-
-
-def best(samples: Sequence[float]) -> float:
-    """Best-of-N (the minimum): the least disturbed repetition."""
-    if not samples:
-        raise ValueError("no samples")
-    return min(samples)
 
 
 def median(samples: Sequence[float]) -> float:
@@ -109,14 +166,30 @@ def _fmt(x: float | None, unit: str = "") -> str:
     return f"{x:.4g} {unit}".strip()
 
 
-TABLE_COLUMNS = ("row", "value", "baseline", "ratio", "target", "met", "note")
+TABLE_COLUMNS = ("row", "value", "baseline", "ratio", "ratio IQR", "runs", "target", "met",
+                 "note")
+
+
+def _iqr(r: Row) -> str:
+    rs = r.spread.get("ratio")
+    return "-" if rs is None else f"{rs['q1']:.3f}-{rs['q3']:.3f}"
+
+
+def _runs(r: Row) -> str:
+    v, b = r.spread.get("value"), r.spread.get("baseline")
+    return "-" if v is None or b is None else f"{v['n']}/{b['n']}"
 
 
 def table_rows(rows: Iterable[Row]) -> list[tuple[str, ...]]:
-    """The cells of the bench table, one tuple per row (TABLE_COLUMNS)."""
+    """The cells of the bench table, one tuple per row (TABLE_COLUMNS): value and
+    baseline are medians, the ratio is theirs; the ratio's interquartile range and the
+    number of value/baseline runs show the spread."""
     return [(r.name, _fmt(r.value, r.unit), _fmt(r.baseline, r.unit),
-             "-" if r.ratio is None else f"{r.ratio:.3f}", f"{r.op} {r.target:g}",
-             "yes" if r.met else "NO", r.note) for r in rows]
+             "-" if r.ratio is None else f"{r.ratio:.3f}", _iqr(r), _runs(r),
+             f"{r.op} {r.target:g}", "yes" if r.met else "NO", r.note) for r in rows]
+
+
+RIGHT_COLUMNS = ("value", "baseline", "ratio", "ratio IQR", "runs")
 
 
 def format_table(rows: Iterable[Row]) -> str:
@@ -128,7 +201,7 @@ def format_table(rows: Iterable[Row]) -> str:
     from rich.table import Table
     t = Table(box=box.SIMPLE, show_edge=False, pad_edge=False)
     for c in TABLE_COLUMNS:
-        t.add_column(c, justify="right" if c in ("value", "baseline", "ratio") else "left",
+        t.add_column(c, justify="right" if c in RIGHT_COLUMNS else "left",
                      no_wrap=c != "note")
     for cells in table_rows(rows):
         t.add_row(*cells)
@@ -159,3 +232,16 @@ def validate_json(doc: Any) -> None:
         for k in ("value", "baseline", "ratio"):
             if r[k] is not None and not isinstance(r[k], (int, float)):
                 raise ValueError(f"row {i}: {k} must be a number or null")
+        sp = r["spread"]
+        if not isinstance(sp, dict):
+            raise ValueError(f"row {i}: spread must be an object")
+        if r["value"] is not None and not {"value", "baseline"} <= set(sp):
+            raise ValueError(f"row {i}: a measured row's spread needs value and baseline")
+        for k, d in sp.items():
+            if k not in ("value", "baseline", "ratio") or not isinstance(d, dict):
+                raise ValueError(f"row {i}: spread.{k} is not one of value, baseline, ratio")
+            bad = [f for f in SPREAD_FIELDS if not isinstance(d.get(f), (int, float))]
+            if bad:
+                raise ValueError(f"row {i}: spread.{k} lacks numbers {bad}")
+            if not d["min"] <= d["q1"] <= d["median"] <= d["q3"] <= d["max"] and k != "ratio":
+                raise ValueError(f"row {i}: spread.{k} is not ordered min<=q1<=median<=q3<=max")

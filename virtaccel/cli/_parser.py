@@ -251,4 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tiny sizes: checks the machinery, the numbers mean nothing")
     p.add_argument("--no-profile", action="store_true",
                    help="do not profile rows that miss their target")
+    p.add_argument("--blas-threads", metavar="N", type=int, default=None,
+                   help="BLAS threads for the stack and every baseline alike (default 1; "
+                        "0: the library's default)")
     return parser

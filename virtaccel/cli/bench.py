@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from typing import Any
 
 from ._args import CliError, check_output
@@ -9,7 +10,7 @@ from ._args import CliError, check_output
 
 def cli(args: argparse.Namespace) -> int:
     from ..bench import CASES, Sizes, run_bench, write_outputs
-    from ..bench.rows import TABLE_COLUMNS, table_rows
+    from ..bench.rows import RIGHT_COLUMNS, TABLE_COLUMNS, table_rows
     from ._out import print_table, wants_json_on_stdout
     from .progress import Progress
     only = [k.strip() for k in args.only.split(",") if k.strip()] or None
@@ -20,6 +21,13 @@ def cli(args: argparse.Namespace) -> int:
     if args.json is not None:
         check_output(args.json, "--json", allow_stdout=True)
     sizes = Sizes.smoke() if args.smoke else Sizes.full()
+    if args.blas_threads is not None:
+        if args.blas_threads < 0:
+            raise CliError(f"--blas-threads {args.blas_threads}: a count >= 0 (0: the BLAS "
+                           "library's default)")
+        sizes = dataclasses.replace(sizes, blas_threads=args.blas_threads)
+    from ..bench.runner import blas_info, blas_line
+    blas = blas_info(sizes.blas_threads)
     keys = only or list(CASES)
     with Progress(len(keys), "bench") as bar:
         rows = run_bench(sizes, keys, profile=not args.no_profile,
@@ -27,13 +35,17 @@ def cli(args: argparse.Namespace) -> int:
                          on_step=lambda k: bar.advance(note=f"case {k} done"))
     quiet = wants_json_on_stdout(args.json)
     if not quiet:
-        print_table(TABLE_COLUMNS, table_rows(rows), right=("value", "baseline", "ratio"))
+        print(blas_line(blas))
+        print("value and baseline: medians over their runs; ratio: of the medians (the "
+              "target applies to it); ratio IQR: quartiles of the per-run ratios (value and baseline runs "
+              "interleaved) or the band their quartiles allow")
+        print_table(TABLE_COLUMNS, table_rows(rows), right=RIGHT_COLUMNS)
         for r in rows:
             if r.profile and r.profile.get("tottime"):
                 _print_profile(r.name, r.profile)
     if args.json is not None:
         try:
-            png = write_outputs(rows, args.json, {"smoke": bool(args.smoke)})
+            png = write_outputs(rows, args.json, {"smoke": bool(args.smoke), "blas": blas})
         except OSError as e:
             raise CliError(f"--json {args.json}: {e.strerror or e}") from None
         if not quiet:
