@@ -446,7 +446,9 @@ class VA1Device:
                 self._reap_polled(q)
             return (self.generation != gen or self.dead is not None
                     or (q.ring.num_free >= need and bool(q.free_slots)))
-        self._wait(guest_state(cond), None, what, queue=q.index)
+        # Polled (va1.poll_wait=1), the condition reaps the used ring, which the device
+        # writes: then it reads more than guest state and must not be marked so.
+        self._wait(cond if self._polled(q) else guest_state(cond), None, what, queue=q.index)
 
     # ================================================================== IRQ path
     def _interrupt(self, config: bool, queues: Optional[Sequence[int]]) -> None:
