@@ -6,7 +6,7 @@ from typing import Callable, Protocol
 
 from guest_driver.kernel import PciHostBridge, PlatformDevice, RamRange, reads_guest_state_only
 
-from .bus import MmioBus
+from .bus import MmioBus, Region
 from .irq import InterruptController
 from .machine import Machine, PendingIrq, WaitDomain
 from .memory import GuestMemory
@@ -34,34 +34,33 @@ class GuestMmio:
         self.exits = 0
         self.direct_accesses = 0
 
-    def read(self, addr: int, size: int) -> int:
-        bus = self._bus
-        region = bus.find(addr, size)
-        exit_ = region is None or not region.direct
-        if exit_:
+    def _route(self, addr: int, size: int) -> tuple[Region | None, bool]:
+        """The access's region (the one bus lookup it costs) and whether it exits."""
+        region = self._bus.find(addr, size)
+        if region is None or not region.direct:
             self.exits += 1
-        else:
-            self.direct_accesses += 1
-        value = bus.read_in(region, addr, size)
+            return region, True
+        self.direct_accesses += 1
+        return region, False
+
+    def _exit(self, addr: int, size: int) -> None:
+        self._machine.charge(self.exit_cost_ns if self.fault_hook is None
+                             else self.exit_cost_ns + self.fault_hook.exit_delay_ns(addr, size))
+
+    def read(self, addr: int, size: int) -> int:
+        region, exit_ = self._route(addr, size)
+        value = self._bus.read_in(region, addr, size)
         self._trace.emit("mmio_read", addr=addr, size=size, value=value, exit=exit_)
         if exit_:
-            self._machine.charge(self.exit_cost_ns if self.fault_hook is None
-                                 else self.exit_cost_ns + self.fault_hook.exit_delay_ns(addr, size))
+            self._exit(addr, size)
         return value
 
     def write(self, addr: int, size: int, value: int) -> None:
-        bus = self._bus
-        region = bus.find(addr, size)
-        exit_ = region is None or not region.direct
-        if exit_:
-            self.exits += 1
-        else:
-            self.direct_accesses += 1
+        region, exit_ = self._route(addr, size)
         self._trace.emit("mmio_write", addr=addr, size=size, value=value, exit=exit_)
-        bus.write_in(region, addr, size, value)
+        self._bus.write_in(region, addr, size, value)
         if exit_:
-            self._machine.charge(self.exit_cost_ns if self.fault_hook is None
-                                 else self.exit_cost_ns + self.fault_hook.exit_delay_ns(addr, size))
+            self._exit(addr, size)
 
 
 class GuestTimer(PendingIrq):

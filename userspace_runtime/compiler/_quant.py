@@ -28,7 +28,7 @@ only for that choice (each feed scored with its own run-time ranges, as any inpu
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 import numpy as np
 
@@ -127,8 +127,13 @@ def _plan(n: Node, lo: float, hi: float) -> _Plan:
     return _Plan(sx, zx, wq, bq.astype(np.int32), top, cs)
 
 
-def _rewrite(g: Graph, plans: Mapping[str, _Plan], keep: frozenset[str]) -> int:
-    """Put every planned node not in `keep` into int8, in place; returns how many."""
+_P = TypeVar("_P")
+
+
+def _rewrite_each(g: Graph, plans: Mapping[str, _P], keep: frozenset[str],
+                  one: Callable[[Graph, Node, _P, list[Node]], None]) -> int:
+    """Rewrite every planned node not in `keep` with `one` (which appends the nodes that
+    replace it), in place; returns how many."""
     count = 0
     new_nodes: list[Node] = []
     for n in g.nodes:
@@ -136,43 +141,53 @@ def _rewrite(g: Graph, plans: Mapping[str, _Plan], keep: frozenset[str]) -> int:
         if p is None or n.name in keep:
             new_nodes.append(n)
             continue
-        x, w = n.inputs[0], n.inputs[1]
-        assert x is not None and w is not None
-        xq = Node("quantize", [x], [], {"scale": p.sx, "zero_point": p.zx},
-                  g.unique(f"{n.name}_q"))
-        xq.outputs = [Value(g.unique(f"{n.name}_xq"), x.shape, "int8", producer=xq,
-                            quant=(p.sx, p.zx))]
-        new_nodes.append(xq)
-        n.inputs[0] = xq.outputs[0]
-        n.inputs[1] = g.constant(p.wq, name=f"{w.name}_q")
-        if np.any(p.bias) or len(n.inputs) > 2:
-            bname = f"{n.name}_bias_q"
-            if len(n.inputs) > 2 and n.inputs[2] is not None:
-                bname = f"{n.inputs[2].name}_q"
-            b = g.constant(p.bias, name=bname)
-            n.inputs = [n.inputs[0], n.inputs[1], b]
-        if n.op == "gemm":
-            n.attrs["alpha"], n.attrs["beta"] = 1.0, 1.0
-        if n.op == "conv2d" and p.zx and any(n.attrs["padding"]):
-            n.attrs["pad_value"] = p.zx
-        y = n.outputs[0]
-        yq = Value(g.unique(f"{y.name}_i32"), y.shape, "int32", producer=n)
-        n.outputs = [yq]
-        new_nodes.append(n)
-        yd = Value(g.unique(f"{y.name}_dq"), y.shape, "float32") if p.chscale is not None else y
-        dq = Node("dequantize", [yq], [yd], {"scale": p.sx * p.top, "zero_point": 0},
-                  g.unique(f"{n.name}_dq"))
-        yd.producer = dq
-        new_nodes.append(dq)
-        if p.chscale is not None:   # then each channel times its own scale / the largest
-            cs = p.chscale.reshape((-1, 1, 1)) if n.op == "conv2d" else p.chscale
-            mul = Node("mul", [yd, g.constant(cs, name=f"{w.name}_chscale")], [y], {},
-                       g.unique(f"{n.name}_chscale"))
-            y.producer = mul
-            new_nodes.append(mul)
+        one(g, n, p, new_nodes)
         count += 1
     g.nodes = new_nodes
     return count
+
+
+def _rewrite(g: Graph, plans: Mapping[str, _Plan], keep: frozenset[str]) -> int:
+    """Put every planned node not in `keep` into int8 (calibrated scales), in place."""
+    return _rewrite_each(g, plans, keep, _int8_static)
+
+
+def _int8_static(g: Graph, n: Node, p: _Plan, new_nodes: list[Node]) -> None:
+    """quantize (calibrated scale) -> int8 `n` -> dequantize [-> per-channel mul]."""
+    x, w = n.inputs[0], n.inputs[1]
+    assert x is not None and w is not None
+    xq = Node("quantize", [x], [], {"scale": p.sx, "zero_point": p.zx},
+              g.unique(f"{n.name}_q"))
+    xq.outputs = [Value(g.unique(f"{n.name}_xq"), x.shape, "int8", producer=xq,
+                        quant=(p.sx, p.zx))]
+    new_nodes.append(xq)
+    n.inputs[0] = xq.outputs[0]
+    n.inputs[1] = g.constant(p.wq, name=f"{w.name}_q")
+    if np.any(p.bias) or len(n.inputs) > 2:
+        bname = f"{n.name}_bias_q"
+        if len(n.inputs) > 2 and n.inputs[2] is not None:
+            bname = f"{n.inputs[2].name}_q"
+        b = g.constant(p.bias, name=bname)
+        n.inputs = [n.inputs[0], n.inputs[1], b]
+    if n.op == "gemm":
+        n.attrs["alpha"], n.attrs["beta"] = 1.0, 1.0
+    if n.op == "conv2d" and p.zx and any(n.attrs["padding"]):
+        n.attrs["pad_value"] = p.zx
+    y = n.outputs[0]
+    yq = Value(g.unique(f"{y.name}_i32"), y.shape, "int32", producer=n)
+    n.outputs = [yq]
+    new_nodes.append(n)
+    yd = Value(g.unique(f"{y.name}_dq"), y.shape, "float32") if p.chscale is not None else y
+    dq = Node("dequantize", [yq], [yd], {"scale": p.sx * p.top, "zero_point": 0},
+              g.unique(f"{n.name}_dq"))
+    yd.producer = dq
+    new_nodes.append(dq)
+    if p.chscale is not None:   # then each channel times its own scale / the largest
+        cs = p.chscale.reshape((-1, 1, 1)) if n.op == "conv2d" else p.chscale
+        mul = Node("mul", [yd, g.constant(cs, name=f"{w.name}_chscale")], [y], {},
+                   g.unique(f"{n.name}_chscale"))
+        y.producer = mul
+        new_nodes.append(mul)
 
 
 SCALES = ("dynamic", "static")
@@ -198,49 +213,44 @@ def _dyn_plan(n: Node) -> _DynPlan:
 def _rewrite_dynamic(g: Graph, plans: Mapping[str, _DynPlan], keep: frozenset[str]) -> int:
     """Put every planned node not in `keep` into int8 with run-time activation scales,
     in place; returns how many."""
-    count = 0
-    new_nodes: list[Node] = []
-    for n in g.nodes:
-        p = plans.get(n.name)
-        if p is None or n.name in keep:
-            new_nodes.append(n)
-            continue
-        x, w = n.inputs[0], n.inputs[1]
-        assert x is not None and w is not None
-        if n.op == "conv2d" and any(n.attrs["padding"]):
-            pt, pl, pb, pr = n.attrs["padding"]
-            pad = Node("pad", [x], [], {"pads": (0, 0, pt, pl, 0, 0, pb, pr), "value": 0.0},
-                       g.unique(f"{n.name}_pad"))
-            N, C, H, W = x.shape
-            x = Value(g.unique(f"{n.name}_xpad"), (N, C, H + pt + pb, W + pl + pr),
-                      x.dtype, producer=pad)
-            pad.outputs = [x]
-            new_nodes.append(pad)
-            n.attrs["padding"] = (0, 0, 0, 0)
-        xq = Node("quantize_dynamic", [x], [], {}, g.unique(f"{n.name}_q"))
-        xq.outputs = [Value(g.unique(f"{n.name}_xq"), x.shape, "int8", producer=xq),
-                      Value(g.unique(f"{n.name}_qparams"), (2,), "int32", producer=xq)]
-        new_nodes.append(xq)
-        act = n.attrs.pop("activation", None)
-        n.inputs = [xq.outputs[0], g.constant(p.wq, name=f"{w.name}_q")]
-        if n.op == "gemm":
-            n.attrs["alpha"], n.attrs["beta"] = 1.0, 0.0
-        y = n.outputs[0]
-        acc = Value(g.unique(f"{y.name}_i32"), y.shape, "int32", producer=n)
-        n.outputs = [acc]
-        new_nodes.append(n)
-        ins: list[Value | None] = [acc, xq.outputs[1],
-                                   g.constant(p.wscale, name=f"{w.name}_wscale"),
-                                   g.constant(p.wsum, name=f"{w.name}_wsum")]
-        if p.bias is not None:
-            ins.append(g.constant(p.bias, name=f"{n.name}_bias_f32"))
-        dq = Node("dequantize_dynamic", ins, [y], {"activation": act},
-                  g.unique(f"{n.name}_dq"))
-        y.producer = dq
-        new_nodes.append(dq)
-        count += 1
-    g.nodes = new_nodes
-    return count
+    return _rewrite_each(g, plans, keep, _int8_dynamic)
+
+
+def _int8_dynamic(g: Graph, n: Node, p: _DynPlan, new_nodes: list[Node]) -> None:
+    """[pad in f32 ->] quantize_dynamic -> int8 `n` -> dequantize_dynamic."""
+    x, w = n.inputs[0], n.inputs[1]
+    assert x is not None and w is not None
+    if n.op == "conv2d" and any(n.attrs["padding"]):
+        pt, pl, pb, pr = n.attrs["padding"]
+        pad = Node("pad", [x], [], {"pads": (0, 0, pt, pl, 0, 0, pb, pr), "value": 0.0},
+                   g.unique(f"{n.name}_pad"))
+        N, C, H, W = x.shape
+        x = Value(g.unique(f"{n.name}_xpad"), (N, C, H + pt + pb, W + pl + pr),
+                  x.dtype, producer=pad)
+        pad.outputs = [x]
+        new_nodes.append(pad)
+        n.attrs["padding"] = (0, 0, 0, 0)
+    xq = Node("quantize_dynamic", [x], [], {}, g.unique(f"{n.name}_q"))
+    xq.outputs = [Value(g.unique(f"{n.name}_xq"), x.shape, "int8", producer=xq),
+                  Value(g.unique(f"{n.name}_qparams"), (2,), "int32", producer=xq)]
+    new_nodes.append(xq)
+    act = n.attrs.pop("activation", None)
+    n.inputs = [xq.outputs[0], g.constant(p.wq, name=f"{w.name}_q")]
+    if n.op == "gemm":
+        n.attrs["alpha"], n.attrs["beta"] = 1.0, 0.0
+    y = n.outputs[0]
+    acc = Value(g.unique(f"{y.name}_i32"), y.shape, "int32", producer=n)
+    n.outputs = [acc]
+    new_nodes.append(n)
+    ins: list[Value | None] = [acc, xq.outputs[1],
+                               g.constant(p.wscale, name=f"{w.name}_wscale"),
+                               g.constant(p.wsum, name=f"{w.name}_wsum")]
+    if p.bias is not None:
+        ins.append(g.constant(p.bias, name=f"{n.name}_bias_f32"))
+    dq = Node("dequantize_dynamic", ins, [y], {"activation": act},
+              g.unique(f"{n.name}_dq"))
+    y.producer = dq
+    new_nodes.append(dq)
 
 
 @dataclass
