@@ -417,3 +417,17 @@ def test_tenants_64_vfs_with_the_default_duration(tmp_path: Path,
     assert "window is empty" not in text and "1000 us each" in text
     doc = json.loads(out.read_text())
     assert doc["all_correct"] and doc["window_ns"][1] > doc["window_ns"][0]
+
+
+@pytest.mark.parametrize("value,words", [("-1", "--blas-threads -1: a count >= 0"),
+                                         ("two", "--blas-threads: invalid int value")])
+def test_bench_refuses_a_bad_blas_thread_count(value: str, words: str,
+                                               monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    import virtaccel.bench as bench_mod
+
+    def never(*a: Any, **k: Any) -> Any:
+        raise AssertionError("the bench ran with a bad --blas-threads")
+    monkeypatch.setattr(bench_mod, "run_bench", never)
+    assert main(["bench", "--only", "g", "--blas-threads", value]) == 2
+    assert words in one_error_line(capsys, "bench")
