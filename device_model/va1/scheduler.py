@@ -13,6 +13,10 @@ that function's processor then picks its next queue round robin. A function that
 runnable after being idle starts at max(its virtual time, the lowest virtual time of the
 active functions), so idle time is not banked.
 
+A pick or a preemption check looks only at the active functions (queued work or runs),
+not at every function of the card: on a card with many idle VFs a dispatch costs what
+the busy ones cost.
+
 Preemption happens only at command boundaries (the engine checks at each boundary): a
 run yields its engine when its function is stopped or has Bus Master off, when a
 function of strictly higher priority is waiting, or when it has run at least the
@@ -69,6 +73,9 @@ class Scheduler:
         self.num_engines = num_engines
         self.engines: list["_Run | None"] = [None] * num_engines
         self.functions: list[FunctionSched] = []
+        # function index -> the function, for every function that has work or runs (it
+        # may also hold idle ones: `_live` drops them). Entered by `became_active`.
+        self._active: dict[int, FunctionSched] = {}
         self._dispatching = False
         self._again = False
 
@@ -82,19 +89,39 @@ class Scheduler:
     def unregister(self, fs: FunctionSched) -> None:
         if fs in self.functions:
             self.functions.remove(fs)
+        if self._active.get(fs.index) is fs:
+            del self._active[fs.index]
         self.dispatch()
 
     # --- WFQ bookkeeping ----------------------------------------------------------------
 
+    def _live(self) -> list[FunctionSched]:
+        """The functions with queued work or runs, in function order; the idle ones
+        leave the active set (a function gets work only through `became_active`)."""
+        active = self._active
+        live: list[FunctionSched] = []
+        for i in (sorted(active) if len(active) > 1 else list(active)):
+            f = active[i]
+            if f.running or f.processor.has_work():
+                live.append(f)
+            else:
+                del active[i]
+        return live
+
     def min_active_vt(self, exclude: FunctionSched | None = None) -> float:
-        vts = [f.vt for f in self.functions
-               if f is not exclude and (f.running or f.processor.has_work())]
+        vts = [f.vt for f in self._live() if f is not exclude]
         return min(vts) if vts else (max((f.vt for f in self.functions
                                           if f is not exclude), default=0.0))
 
     def became_active(self, fs: FunctionSched) -> None:
-        """`fs` had no work and now has some: do not let it bank idle time."""
+        """`fs` may have had no work and now has some: do not let it bank idle time.
+        Every path that gives a function work calls this (or `mark_active`)."""
         fs.vt = max(fs.vt, self.min_active_vt(fs))
+        self._active[fs.index] = fs
+
+    def mark_active(self, fs: FunctionSched) -> None:
+        """`fs` has work now and was already active (its virtual time stays)."""
+        self._active[fs.index] = fs
 
     def competitor_waiting(self, fs: FunctionSched, quantum_expired: bool) -> bool:
         """Should a run of `fs` yield its engine at this boundary?"""
@@ -102,7 +129,7 @@ class Scheduler:
             return True
         if len(self.functions) == 1:
             return False
-        for f in self.functions:
+        for f in self._live():
             if f is fs or f.halted:
                 continue
             if f.priority > fs.priority or (quantum_expired and f.priority == fs.priority):
@@ -112,7 +139,7 @@ class Scheduler:
 
     def other_waiting(self, fs: FunctionSched) -> bool:
         """Any other runnable function (for WAIT, which yields at each poll)."""
-        for f in self.functions:
+        for f in self._live():
             if f is not fs and not f.halted and f.priority >= fs.priority \
                     and f.processor.startable():
                 return True
@@ -122,7 +149,7 @@ class Scheduler:
 
     def _pick(self) -> FunctionSched | None:
         best: FunctionSched | None = None
-        for f in self.functions:
+        for f in self._live():
             if f.stopped or not f.bus_master or not f.processor.startable():  # halted
                 continue
             if best is None or (-f.priority, f.vt) < (-best.priority, best.vt):

@@ -115,3 +115,30 @@ def test_aggressor_at_most_doubles_victim_p99() -> None:
     loaded, _ = _victim_p99(True)
     assert solo == 5 * NOP_NS                 # alone: its 5 NOPs, no waiting
     assert solo < loaded <= 2 * solo, (solo, loaded)
+
+
+def test_a_dispatch_looks_only_at_busy_functions() -> None:
+    """Idle VFs cost a pick nothing: on a card of 32 VFs with two busy, the scheduler
+    never asks an idle VF's processor whether it has work (spec "Scheduling")."""
+    c = _card(32, units=1)
+    asked: dict[int, int] = {}
+    for n, dev in enumerate(c.card.vf_devices, 1):
+        proc = dev.processor
+        for name in ("has_work", "startable"):
+            real = getattr(proc, name)
+
+            def counted(real=real, n=n) -> bool:  # type: ignore[no-untyped-def]
+                asked[n] = asked.get(n, 0) + 1
+                return bool(real())
+            setattr(proc, name, counted)
+    loads = []
+    for n in (3, 17):
+        r = c.vf_rig(n)
+        loads.append(Saturator(r, r.create_context(), nops(10), depth=4))
+    asked.clear()
+    run_until(c.clock, c.clock.now + 5_000_000, loads)
+    used = _used(c)
+    assert used[2] > 0 and used[16] > 0
+    assert jain([used[2], used[16]]) >= 0.98
+    assert set(asked) <= {3, 17}, sorted(asked)
+    assert asked.get(3, 0) > 0 and asked.get(17, 0) > 0
