@@ -23,6 +23,7 @@ the k-th ready task is found by rank and select in O(log n).
 from __future__ import annotations
 
 import enum
+import gc
 import heapq
 import random
 import threading
@@ -257,15 +258,25 @@ class Machine:
         self._running_tasks = True
         self._all_done.clear()
         self._touch(None)   # whatever ran outside the tasks
-        for t in pending:
-            t.thread.start()
-        first = self._pick_ready(None)
-        assert first is not None
-        self._hand_to(first)
-        self._all_done.wait()
-        for t in pending:
-            t.thread.join()
-        self._running_tasks = False
+        # What the tasks find built (host, cards, guests) lives through the run: frozen,
+        # the collector's full passes stop walking it again and again (on a machine of
+        # 64 VMs they took about a tenth of the run). Left alone if the caller froze.
+        freeze = gc.isenabled() and gc.get_freeze_count() == 0
+        if freeze:
+            gc.freeze()
+        try:
+            for t in pending:
+                t.thread.start()
+            first = self._pick_ready(None)
+            assert first is not None
+            self._hand_to(first)
+            self._all_done.wait()
+            for t in pending:
+                t.thread.join()
+        finally:
+            if freeze:
+                gc.unfreeze()
+            self._running_tasks = False
         return self.tasks
 
     def _pick_ready(self, exclude: GuestTask | None) -> GuestTask | None:

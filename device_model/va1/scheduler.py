@@ -74,7 +74,7 @@ class Scheduler:
         self.engines: list["_Run | None"] = [None] * num_engines
         self.functions: list[FunctionSched] = []
         # function index -> the function, for every function that has work or runs (it
-        # may also hold idle ones: `_live` drops them). Entered by `became_active`.
+        # may also hold idle ones: `_pick` drops them). Entered by `became_active`.
         self._active: dict[int, FunctionSched] = {}
         self._dispatching = False
         self._again = False
@@ -95,21 +95,9 @@ class Scheduler:
 
     # --- WFQ bookkeeping ----------------------------------------------------------------
 
-    def _live(self) -> list[FunctionSched]:
-        """The functions with queued work or runs, in function order; the idle ones
-        leave the active set (a function gets work only through `became_active`)."""
-        active = self._active
-        live: list[FunctionSched] = []
-        for i in (sorted(active) if len(active) > 1 else list(active)):
-            f = active[i]
-            if f.running or f.processor.has_work():
-                live.append(f)
-            else:
-                del active[i]
-        return live
-
     def min_active_vt(self, exclude: FunctionSched | None = None) -> float:
-        vts = [f.vt for f in self._live() if f is not exclude]
+        vts = [f.vt for f in self._active.values()
+               if f is not exclude and (f.running or f.processor.has_work())]
         return min(vts) if vts else (max((f.vt for f in self.functions
                                           if f is not exclude), default=0.0))
 
@@ -129,18 +117,18 @@ class Scheduler:
             return True
         if len(self.functions) == 1:
             return False
-        for f in self._live():
-            if f is fs or f.halted:
-                continue
-            if f.priority > fs.priority or (quantum_expired and f.priority == fs.priority):
-                if f.processor.startable():
+        prio = fs.priority
+        for f in self._active.values():
+            if f.priority > prio or (quantum_expired and f.priority == prio):
+                if f is not fs and not f.halted and f.processor.startable():
                     return True
         return False
 
     def other_waiting(self, fs: FunctionSched) -> bool:
         """Any other runnable function (for WAIT, which yields at each poll)."""
-        for f in self._live():
-            if f is not fs and not f.halted and f.priority >= fs.priority \
+        prio = fs.priority
+        for f in self._active.values():
+            if f.priority >= prio and f is not fs and not f.halted \
                     and f.processor.startable():
                 return True
         return False
@@ -148,11 +136,19 @@ class Scheduler:
     # --- dispatch ---------------------------------------------------------------------
 
     def _pick(self) -> FunctionSched | None:
+        """The startable function first by (priority, virtual time, function number);
+        the active functions found idle leave the active set."""
         best: FunctionSched | None = None
-        for f in self._live():
-            if f.stopped or not f.bus_master or not f.processor.startable():  # halted
+        active = self._active
+        for f in list(active.values()):
+            if not f.processor.startable():
+                if not f.running and not f.processor.has_work():
+                    del active[f.index]
                 continue
-            if best is None or (-f.priority, f.vt) < (-best.priority, best.vt):
+            if f.stopped or not f.bus_master:  # halted
+                continue
+            if best is None or (-f.priority, f.vt, f.index) < (-best.priority, best.vt,
+                                                               best.index):
                 best = f
         return best
 

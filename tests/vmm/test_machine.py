@@ -117,3 +117,28 @@ def test_a_time_limit_ends_waits_that_a_ticking_timer_would_keep_alive():
 def test_a_time_limit_must_be_positive():
     with pytest.raises(ValueError, match="time_limit_ns must be > 0"):
         Machine(time_limit_ns=0)
+
+
+def test_a_run_keeps_what_was_built_out_of_the_collectors_full_passes():
+    import gc
+    m = Machine(seed=1)
+    built = [object() for _ in range(10)]
+    seen = []
+    m.spawn(lambda: seen.append(gc.get_freeze_count()), "t")
+    assert gc.get_freeze_count() == 0
+    m.run_tasks()
+    assert seen and seen[0] >= len(built)       # frozen during the run
+    assert gc.get_freeze_count() == 0           # and given back after it
+
+
+def test_a_run_leaves_a_callers_frozen_heap_frozen():
+    import gc
+    gc.freeze()
+    try:
+        before = gc.get_freeze_count()
+        m = Machine(seed=1)
+        m.spawn(lambda: None, "t")
+        m.run_tasks()
+        assert gc.get_freeze_count() == before
+    finally:
+        gc.unfreeze()
