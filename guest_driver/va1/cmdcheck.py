@@ -49,6 +49,25 @@ _LENGTHS = {o: isa.command_length(o) for o in isa.Opcode}
 _HDR = struct.Struct(isa.HEADER.format)
 _PAYLOAD = {op: struct.Struct(lay.format) for op, lay in isa.PAYLOAD.items()}
 _CALL_PATCH = isa.HEADER.size + isa.PAYLOAD[isa.Opcode.CALL].offsets["addr"]
+# Blocks of 1, 2, 4 ... header-only NOPs without flags: a run of them is skipped a block
+# at a time (they have no operands).
+_BARE_NOP = _HDR.pack(_NOP_V, 0, isa.HEADER.size)
+_BARE_NOPS = [_BARE_NOP * (1 << i) for i in range(13)]
+
+
+def _skip_bare_nops(buf: bytes, pos: int) -> int:
+    """The position after the run of header-only NOPs at `pos` (galloping by blocks)."""
+    i = 0
+    top = len(_BARE_NOPS) - 1
+    while True:
+        block = _BARE_NOPS[i]
+        if buf.startswith(block, pos):
+            pos += len(block)
+            i = min(i + 1, top)
+        elif i == 0:
+            return pos
+        else:
+            i -= 1
 
 
 @dataclass
@@ -123,6 +142,9 @@ class _Walk(Generic[T]):
         pos, end = 0, len(buf)
         unpack, hdr, align = _HDR.unpack_from, isa.HEADER.size, isa.ALIGN
         while pos < end:
+            pos = _skip_bare_nops(buf, pos)
+            if pos >= end:
+                break
             if end - pos < hdr:
                 return False                                    # TRUNCATED
             opcode, flags, length = unpack(buf, pos)
