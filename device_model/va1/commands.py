@@ -212,25 +212,29 @@ def decode(buf: bytes, env: DecodeEnv) -> list[Command]:
 # a time; the Commands of such NOPs at offsets 0, 8, 16 ... are built once per cost.
 _MIN_NOP = _HDR_STRUCT.pack(_NOP_V, 0, _HDR_SIZE)
 _NOP_BLOCKS = [_MIN_NOP * (1 << i) for i in range(13)]
+_NOP_TOP = len(_NOP_BLOCKS) - 1
 _NOP_CACHE_MAX = 1 << 16
 _nop_cache: dict[int, list[Command]] = {}
 
 
 def _nop_run(buf: bytes, pos: int) -> int:
     """How many minimal NOPs follow at `pos` (gallop up, then down, by blocks)."""
-    k = 0
-    i = 0
-    top = len(_NOP_BLOCKS) - 1
     startswith = buf.startswith
-    while True:
+    if not startswith(_MIN_NOP, pos):
+        return 0
+    k = 1
+    i = 1
+    end = len(buf)
+    while pos + k * _HDR_SIZE < end:
         if startswith(_NOP_BLOCKS[i], pos + k * _HDR_SIZE):
             k += 1 << i
-            if i < top:
+            if i < _NOP_TOP:
                 i += 1
         elif i == 0:
-            return k
+            break
         else:
             i -= 1
+    return k
 
 
 def _nop_commands(cost: int, pos: int, k: int) -> list[Command]:
@@ -238,6 +242,8 @@ def _nop_commands(cost: int, pos: int, k: int) -> list[Command]:
     cache (offsets below _NOP_CACHE_MAX), fresh ones beyond it."""
     first = pos // _HDR_SIZE
     cached = _nop_cache.get(cost)
+    if cached is not None and first + k <= len(cached):
+        return cached[first:first + k]
     if cached is None:
         cached = _nop_cache[cost] = []
     want = min(first + k, _NOP_CACHE_MAX // _HDR_SIZE)

@@ -53,21 +53,24 @@ _CALL_PATCH = isa.HEADER.size + isa.PAYLOAD[isa.Opcode.CALL].offsets["addr"]
 # at a time (they have no operands).
 _BARE_NOP = _HDR.pack(_NOP_V, 0, isa.HEADER.size)
 _BARE_NOPS = [_BARE_NOP * (1 << i) for i in range(13)]
+_BARE_NOP_SIZE = len(_BARE_NOP)
+_BARE_TOP = len(_BARE_NOPS) - 1
 
 
 def _skip_bare_nops(buf: bytes, pos: int) -> int:
     """The position after the run of header-only NOPs at `pos` (galloping by blocks)."""
     i = 0
-    top = len(_BARE_NOPS) - 1
-    while True:
-        block = _BARE_NOPS[i]
-        if buf.startswith(block, pos):
-            pos += len(block)
-            i = min(i + 1, top)
+    end = len(buf)
+    while pos < end:
+        if buf.startswith(_BARE_NOPS[i], pos):
+            pos += _BARE_NOP_SIZE << i
+            if i < _BARE_TOP:
+                i += 1
         elif i == 0:
-            return pos
+            break
         else:
             i -= 1
+    return pos
 
 
 @dataclass
@@ -115,6 +118,8 @@ def check_cmdbuf(top: bytes, owner: Callable[[int, int], Optional[T]],
     """Walk `top` (and its callees) as the device validates it; `owner(addr, size)` is
     the caller's buffer holding [addr, addr+size) or None; `read` reads guest memory.
     Raises VA1Error(EFAULT) naming the first host range outside the caller's buffers."""
+    if _skip_bare_nops(top, 0) == len(top):  # only NOPs: no operand, no callee
+        return Checked([Segment(bytearray(top))], [])
     w = _Walk(owner, read, max_cmdbuf_size, max_call_depth, len(top))
     w.segments.append(Segment(bytearray(top)))
     w.walk(0, 0, ())
