@@ -16,7 +16,7 @@ import struct
 from dataclasses import dataclass, field, replace
 from enum import IntEnum
 from functools import partial
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
@@ -96,9 +96,9 @@ class Command:
         return OPS[self.opcode].host_bytes(self)
 
 
-@dataclass(frozen=True)
-class DecodeEnv:
-    """What validation depends on besides the buffer."""
+class DecodeEnv(NamedTuple):
+    """What validation depends on besides the buffer (a tuple: one is made per
+    submission)."""
     config: Va1Config
     memory: DeviceMemory
     dma: DmaPort
