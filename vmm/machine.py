@@ -392,7 +392,7 @@ class Machine:
         now = self.sched.now_ns()
         deadline = None if timeout_ns is None or timeout_ns < 0 else now + int(timeout_ns)
         me = self._current if self._running_tasks else None
-        if self._running_tasks and (me is None or threading.current_thread() is not me.thread):
+        if self._running_tasks and (me is None or threading.get_ident() != me.thread.ident):
             raise SchedulerError("wait_until called outside the running guest task")
         if me is not None:
             self._begin_wait(me, cond, deadline, what, domain)

@@ -117,3 +117,28 @@ def test_a_time_limit_ends_waits_that_a_ticking_timer_would_keep_alive():
 def test_a_time_limit_must_be_positive():
     with pytest.raises(ValueError, match="time_limit_ns must be > 0"):
         Machine(time_limit_ns=0)
+
+
+def test_wait_until_from_a_thread_that_is_not_the_running_task_is_refused():
+    import threading
+
+    from vmm.scheduler import SchedulerError
+    m = Machine(seed=0)
+    errors = []
+
+    def foreign():
+        try:
+            m.wait_until(lambda: True, None, "from elsewhere")
+        except SchedulerError as e:
+            errors.append(str(e))
+
+    def task():
+        t = threading.Thread(target=foreign)
+        t.start()
+        t.join()
+        return m.wait_until(lambda: True, None, "from the task")
+
+    ran = m.spawn(task, "t")
+    m.run_tasks()
+    assert ran.error is None and ran.result is True
+    assert errors == ["wait_until called outside the running guest task"]
