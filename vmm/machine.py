@@ -140,6 +140,7 @@ class Machine:
         self.sched = Scheduler()
         self.rng = random.Random(seed)
         self.trace = Trace(self.sched.now_ns, keep=keep_trace)
+        self._mtrace = self.trace.tracer("machine")  # wait/wake: on every guest wait
         self.trace.emit("machine", "start", {"seed": seed})
         self.tasks: list[GuestTask] = []
         self._current: GuestTask | None = None
@@ -402,7 +403,7 @@ class Machine:
         now = self.sched.now_ns()
         deadline = None if timeout_ns is None or timeout_ns < 0 else now + int(timeout_ns)
         me = self._current if self._running_tasks else None
-        if self._running_tasks and (me is None or threading.current_thread() is not me.thread):
+        if self._running_tasks and (me is None or threading.get_ident() != me.thread.ident):
             raise SchedulerError("wait_until called outside the running guest task")
         if me is not None:
             self._begin_wait(me, cond, deadline, what, domain)
@@ -410,8 +411,8 @@ class Machine:
         if me is None and deadline is not None:
             self._main_deadline = deadline if outer_main is None else min(outer_main, deadline)
         who = me.name if me is not None else "main"
-        self.trace.emit("machine", "wait", {"task": who, "what": what,
-                                            "timeout": -1 if deadline is None else deadline - now})
+        self._mtrace.emit("wait", task=who, what=what,
+                          timeout=-1 if deadline is None else deadline - now)
         woke = limited = False
         try:
             while True:
@@ -441,7 +442,7 @@ class Machine:
             wake: dict[str, object] = {"task": who, "what": what, "ok": woke}
             if limited:
                 wake["time_limit"] = self.time_limit_ns
-            self.trace.emit("machine", "wake", wake)
+            self._mtrace.emit("wake", **wake)
             if me is not None:
                 self._end_wait(me)
             self._main_deadline = outer_main

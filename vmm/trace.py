@@ -75,15 +75,41 @@ class Trace:
         self._sched = owner if isinstance(owner, Scheduler) and \
             getattr(clock, "__func__", None) is Scheduler.now_ns else None
         self._hash = hashlib.sha256()
-        self._pending: list[tuple] = []  # type: ignore[type-arg]  # canonical entries
+        # Canonical entries not hashed yet. Emptied in place, never replaced: emitters
+        # keep a reference to it.
+        self._pending: list[tuple] = []  # type: ignore[type-arg]
         self._extra = 0  # events in _pending beyond one per entry (emit_each batches)
-        self.keep = keep
+        self._hashed = 0  # events hashed so far
+        self._keep = keep
         self.events: list[TraceEvent] = []
-        self.count = 0
         self._watchers: list[Callable[[TraceEvent], None]] = []
+        # Whether an event must also become a TraceEvent (kept or watched): one test
+        # on the hot path instead of two.
+        self._observed = keep
+
+    @property
+    def keep(self) -> bool:
+        return self._keep
+
+    @keep.setter
+    def keep(self, value: bool) -> None:
+        self._keep = value
+        self._observed = value or bool(self._watchers)
+
+    @property
+    def count(self) -> int:
+        """Events emitted so far."""
+        return self._hashed + len(self._pending) + self._extra
 
     def watch(self, fn: Callable[[TraceEvent], None]) -> None:
         self._watchers.append(fn)
+        self._observed = True
+
+    def _observe(self, event: TraceEvent) -> None:
+        if self._keep:
+            self.events.append(event)
+        for fn in self._watchers:
+            fn(event)
 
     def emit(self, source: str, kind: str, fields: dict[str, object]) -> None:
         sched = self._sched
@@ -96,18 +122,15 @@ class Trace:
         pending.append((t, source, kind, fields))
         if len(pending) >= _BATCH:
             self._flush()
-        self.count += 1
-        if self.keep or self._watchers:
-            event = TraceEvent(t, source, kind, tuple(fields.items()))
-            if self.keep:
-                self.events.append(event)
-            for fn in self._watchers:
-                fn(event)
+        if self._observed:
+            self._observe(TraceEvent(t, source, kind, tuple(fields.items())))
 
     def _flush(self) -> None:
-        if self._pending:
-            self._hash.update(encode_batch(self._pending))
-            self._pending = []
+        pending = self._pending
+        if pending:
+            self._hash.update(encode_batch(pending))
+            self._hashed += len(pending) + self._extra
+            pending.clear()
             self._extra = 0
 
     def digest(self) -> str:
@@ -121,33 +144,28 @@ class Trace:
 class SourceTracer:
     """A Tracer (device_model.ports / guest_driver.kernel protocol) bound to one source."""
 
-    __slots__ = ("_trace", "source")
+    __slots__ = ("_trace", "source", "_pending", "_sched")
 
     def __init__(self, trace: Trace, source: str) -> None:
         self._trace = trace
         self.source = source
+        self._pending = trace._pending
+        self._sched = trace._sched
 
     def emit(self, kind: str, **fields: object) -> None:
         # Trace.emit inlined (the hot path of every layer); the pending entry holds the
         # kwargs dict itself (fresh per call, never mutated): it pickles in order.
-        tr = self._trace
-        sched = tr._sched
-        t = sched._now if sched is not None else tr._clock()
+        sched = self._sched
+        t = sched._now if sched is not None else self._trace._clock()
         for value in fields.values():
             if type(value) not in _PLAIN_SET:
                 _check(value)
-        pending = tr._pending
+        pending = self._pending
         pending.append((t, self.source, kind, fields))
         if len(pending) >= _BATCH:
-            tr._flush()
-        tr.count += 1
-        if tr.keep or tr._watchers:
-            event = TraceEvent(t, self.source, kind, tuple(fields.items()))
-            if tr.keep:
-                tr.events.append(event)
-            for fn in tr._watchers:
-                fn(event)
-
+            self._trace._flush()
+        if self._trace._observed:
+            self._trace._observe(TraceEvent(t, self.source, kind, tuple(fields.items())))
 
     def emit_each(self, kind: str, names: tuple[str, ...], rows: list[tuple]) -> None:  # type: ignore[type-arg]
         """One event per row (fields `names` = the row's values), all at the current
@@ -165,11 +183,6 @@ class SourceTracer:
         tr._extra += len(rows) - 1
         if len(tr._pending) + tr._extra >= _BATCH:
             tr._flush()
-        tr.count += len(rows)
-        if tr.keep or tr._watchers:
+        if tr._observed:
             for row in rows:
-                event = TraceEvent(t, source, kind, tuple(zip(names, row)))
-                if tr.keep:
-                    tr.events.append(event)
-                for fn in tr._watchers:
-                    fn(event)
+                tr._observe(TraceEvent(t, source, kind, tuple(zip(names, row))))

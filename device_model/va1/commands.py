@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import math
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import IntEnum
 from functools import partial
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
@@ -64,9 +64,10 @@ class CommandError(DeviceModelError):
         self.path = path          # offsets inside each nested callee, outermost first
 
 
-@dataclass
+@dataclass(slots=True)
 class Command:
-    """One validated command, ready to run."""
+    """One validated command, ready to run. A value: never changed after decode (runs of
+    NOPs share their `Command`s across submissions, see `_nop_commands`)."""
     opcode: Opcode
     offset: int
     cost_ns: int
@@ -95,9 +96,9 @@ class Command:
         return OPS[self.opcode].host_bytes(self)
 
 
-@dataclass(frozen=True)
-class DecodeEnv:
-    """What validation depends on besides the buffer."""
+class DecodeEnv(NamedTuple):
+    """What validation depends on besides the buffer (a tuple: one is made per
+    submission)."""
     config: Va1Config
     memory: DeviceMemory
     dma: DmaPort
@@ -207,6 +208,54 @@ def decode(buf: bytes, env: DecodeEnv) -> list[Command]:
     return _decode(buf, env, 0, budget)
 
 
+# A run of NOPs is found a power-of-two block of minimal NOPs (header only, no flags) at
+# a time; the Commands of such NOPs at offsets 0, 8, 16 ... are built once per cost.
+_MIN_NOP = _HDR_STRUCT.pack(_NOP_V, 0, _HDR_SIZE)
+_NOP_BLOCKS = [_MIN_NOP * (1 << i) for i in range(13)]
+_NOP_TOP = len(_NOP_BLOCKS) - 1
+_NOP_CACHE_MAX = 1 << 16
+_nop_cache: dict[int, list[Command]] = {}
+
+
+def _nop_run(buf: bytes, pos: int) -> int:
+    """How many minimal NOPs follow at `pos` (gallop up, then down, by blocks)."""
+    startswith = buf.startswith
+    if not startswith(_MIN_NOP, pos):
+        return 0
+    k = 1
+    i = 1
+    end = len(buf)
+    while pos + k * _HDR_SIZE < end:
+        if startswith(_NOP_BLOCKS[i], pos + k * _HDR_SIZE):
+            k += 1 << i
+            if i < _NOP_TOP:
+                i += 1
+        elif i == 0:
+            break
+        else:
+            i -= 1
+    return k
+
+
+def _nop_commands(cost: int, pos: int, k: int) -> list[Command]:
+    """The Commands of `k` minimal NOPs at `pos`, `pos + 8` ...: shared ones from the
+    cache (offsets below _NOP_CACHE_MAX), fresh ones beyond it."""
+    first = pos // _HDR_SIZE
+    cached = _nop_cache.get(cost)
+    if cached is not None and first + k <= len(cached):
+        return cached[first:first + k]
+    if cached is None:
+        cached = _nop_cache[cost] = []
+    want = min(first + k, _NOP_CACHE_MAX // _HDR_SIZE)
+    if len(cached) < want:
+        cached.extend(Command(_NOP, j * _HDR_SIZE, cost) for j in range(len(cached), want))
+    out = cached[first:first + k]
+    if len(out) < k:
+        out.extend(Command(_NOP, j * _HDR_SIZE, cost)
+                   for j in range(first + len(out), first + k))
+    return out
+
+
 def _decode(buf: bytes, env: DecodeEnv, depth: int, budget: _Budget) -> list[Command]:
     cmds: list[Command] = []
     pos = 0
@@ -216,7 +265,11 @@ def _decode(buf: bytes, env: DecodeEnv, depth: int, budget: _Budget) -> list[Com
     append = cmds.append
     hdr, align = _HDR_SIZE, isa.ALIGN
     while pos < end:
-        # Fast path for runs of valid NOPs: exactly what OPS[NOP].resolve would build.
+        # Fast paths for runs of valid NOPs: exactly what OPS[NOP].resolve would build.
+        k = _nop_run(buf, pos)
+        if k:
+            cmds.extend(_nop_commands(nop_cost, pos, k))
+            pos += k * _HDR_SIZE
         while end - pos >= hdr:
             opcode_v, flags, length = unpack(buf, pos)
             if (opcode_v != _NOP_V or flags or length < hdr or length % align
@@ -878,10 +931,8 @@ def _resolve_call(ck: _Checker, flags: int, p: tuple,  # type: ignore[type-arg]
     cost = roofline_ns(env.config.cmd_overhead_ns, nbytes=size,
                        bandwidth=env.config.link_bandwidth)
     out.append(Command(Opcode.CALL, ck.offset, cost, host_addr=addr, size=size))
-    for cmd in inner:
-        cmd.path = (cmd.offset,) + cmd.path
-        cmd.offset = ck.offset
-        out.append(cmd)
+    for cmd in inner:  # copies: a callee's Commands may be shared (`_nop_commands`)
+        out.append(replace(cmd, offset=ck.offset, path=(cmd.offset,) + cmd.path))
 
 
 # --- the opcode registry -------------------------------------------------------------

@@ -61,7 +61,7 @@ _CMD_FIELDS = ("opcode", "offset", "start_ns", "end_ns", "engine", "queue")
 
 # --- scheduling ----------------------------------------------------------------------
 
-@dataclass
+@dataclass(slots=True)
 class Submission:
     """One submit request on its way through a queue."""
     queue: int                    # virtqueue index
@@ -74,7 +74,7 @@ class Submission:
     engine: int = -1
 
 
-@dataclass
+@dataclass(slots=True)
 class _Run:
     sub: Submission
     slot: int                     # position of the queue in the processor

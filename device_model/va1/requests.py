@@ -7,16 +7,18 @@ writable part holds 4 bytes, otherwise nothing (used.len = 0).
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from hwspec import va1
 from hwspec.va1 import CtrlType, Status
 
 STATUS_SIZE = struct.calcsize("<" + dict(va1.CTRL_RESP.fields)["status"])  # bare status
+_CTRL_REQ = struct.Struct(va1.CTRL_REQ.format)
+_SUBMIT_REQ = struct.Struct(va1.SUBMIT_REQ.format)
 
 
-@dataclass(frozen=True)
-class CtrlRequest:
+class CtrlRequest(NamedTuple):
+    """A controlq request (a tuple: one is parsed per request)."""
     type: int
     context_id: int
     flags: int
@@ -24,11 +26,11 @@ class CtrlRequest:
 
     @classmethod
     def unpack(cls, data: bytes) -> CtrlRequest:
-        return cls(*struct.unpack_from(va1.CTRL_REQ.format, data))
+        return cls._make(_CTRL_REQ.unpack_from(data))
 
 
-@dataclass(frozen=True)
-class SubmitRequest:
+class SubmitRequest(NamedTuple):
+    """A submitq request (a tuple: one is parsed per submission)."""
     context_id: int
     flags: int
     cmdbuf_addr: int
@@ -38,7 +40,7 @@ class SubmitRequest:
 
     @classmethod
     def unpack(cls, data: bytes) -> SubmitRequest:
-        return cls(*struct.unpack_from(va1.SUBMIT_REQ.format, data))
+        return cls._make(_SUBMIT_REQ.unpack_from(data))
 
 
 def ctrl_response_size(type_: int) -> int:

@@ -49,6 +49,28 @@ _LENGTHS = {o: isa.command_length(o) for o in isa.Opcode}
 _HDR = struct.Struct(isa.HEADER.format)
 _PAYLOAD = {op: struct.Struct(lay.format) for op, lay in isa.PAYLOAD.items()}
 _CALL_PATCH = isa.HEADER.size + isa.PAYLOAD[isa.Opcode.CALL].offsets["addr"]
+# Blocks of 1, 2, 4 ... header-only NOPs without flags: a run of them is skipped a block
+# at a time (they have no operands).
+_BARE_NOP = _HDR.pack(_NOP_V, 0, isa.HEADER.size)
+_BARE_NOPS = [_BARE_NOP * (1 << i) for i in range(13)]
+_BARE_NOP_SIZE = len(_BARE_NOP)
+_BARE_TOP = len(_BARE_NOPS) - 1
+
+
+def _skip_bare_nops(buf: bytes, pos: int) -> int:
+    """The position after the run of header-only NOPs at `pos` (galloping by blocks)."""
+    i = 0
+    end = len(buf)
+    while pos < end:
+        if buf.startswith(_BARE_NOPS[i], pos):
+            pos += _BARE_NOP_SIZE << i
+            if i < _BARE_TOP:
+                i += 1
+        elif i == 0:
+            break
+        else:
+            i -= 1
+    return pos
 
 
 @dataclass
@@ -96,6 +118,8 @@ def check_cmdbuf(top: bytes, owner: Callable[[int, int], Optional[T]],
     """Walk `top` (and its callees) as the device validates it; `owner(addr, size)` is
     the caller's buffer holding [addr, addr+size) or None; `read` reads guest memory.
     Raises VA1Error(EFAULT) naming the first host range outside the caller's buffers."""
+    if _skip_bare_nops(top, 0) == len(top):  # only NOPs: no operand, no callee
+        return Checked([Segment(bytearray(top))], [])
     w = _Walk(owner, read, max_cmdbuf_size, max_call_depth, len(top))
     w.segments.append(Segment(bytearray(top)))
     w.walk(0, 0, ())
@@ -123,6 +147,9 @@ class _Walk(Generic[T]):
         pos, end = 0, len(buf)
         unpack, hdr, align = _HDR.unpack_from, isa.HEADER.size, isa.ALIGN
         while pos < end:
+            pos = _skip_bare_nops(buf, pos)
+            if pos >= end:
+                break
             if end - pos < hdr:
                 return False                                    # TRUNCATED
             opcode, flags, length = unpack(buf, pos)

@@ -358,14 +358,15 @@ class VA1File:
         if count > U.MAX_SUBMIT_BUFFERS:
             raise _err(errno.EINVAL, f"SUBMIT: buffer_count {count} exceeds "
                                      f"{U.MAX_SUBMIT_BUFFERS}")
-        bos = [cmd] + [self._bo(int(a.handles[i])) for i in range(count)]
+        bos = [cmd] + [self._bo(int(a.handles[i])) for i in range(count)] if count else [cmd]
         self.dev.check_alive()
         self.dev.check_ctx(ctx)
         mem = self.dev.kernel.memory
         checked = check_cmdbuf(mem.read(cmd.addr + off, size), self._host_owner(), mem.read,
                                max_size, self.dev.config["max_call_depth"])
-        listed = {id(b) for b in bos}
-        bos += [b for b in checked.used if id(b) not in listed]  # pinned until the fence
+        if checked.used:
+            listed = {id(b) for b in bos}
+            bos += [b for b in checked.used if id(b) not in listed]  # pinned until the fence
         try:
             shadow = self.dev.alloc.alloc_dma(checked.size, 64)
         except AllocError as e:

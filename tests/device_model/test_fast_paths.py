@@ -42,6 +42,49 @@ def test_nop_runs_decode_like_the_general_path() -> None:
     assert all(type(c) is C.Command for c in got)
 
 
+def test_long_nop_runs_decode_like_the_general_path() -> None:
+    """Runs longer than the shared block and the cache (offsets past 64 KiB) included."""
+    env = _env()
+    n = 9000
+    buf = nop() * n + nop(16) + nop() * 5 + struct.pack("<HHI", 0, 1, 8)
+    with pytest.raises(C.CommandError) as ei:
+        C.decode(buf, env)
+    assert ei.value.offset == 8 * n + 16 + 40
+    buf = buf[:-8]
+    offsets = [8 * i for i in range(n)] + [8 * n] + [8 * n + 16 + 8 * i for i in range(5)]
+    for _ in range(2):
+        assert C.decode(buf, env) == [_slow_nop(env, off) for off in offsets]
+
+
+class _Host:
+    """A DMA port over one bytes object at IOVA 0 (for CALL)."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def view(self, iova: int, size: int) -> memoryview:
+        return memoryview(self.data)[iova:iova + size]
+
+    def read(self, iova: int, size: int) -> bytes:
+        return self.data[iova:iova + size]
+
+
+def test_callee_nops_do_not_change_the_nops_of_other_buffers() -> None:
+    """A callee's commands get the CALL's offset and a path: as copies, so the NOPs a
+    plain buffer decodes to (shared between decodes) keep their own offsets."""
+    callee = nop() * 3
+    env = C.DecodeEnv(config=Va1Config(device_memory_size=1 << 16),
+                      memory=DeviceMemory(1 << 16), dma=_Host(callee),  # type: ignore[arg-type]
+                      fp16=True, timestamp=True)
+    plain = C.decode(nop() * 4, env)
+    call = struct.pack("<HHIQII", int(Opcode.CALL), 0, 24, 0, len(callee), 0)
+    got = C.decode(nop() + call, env)
+    assert [(c.opcode, c.offset, c.path) for c in got] == [
+        (Opcode.NOP, 0, ()), (Opcode.CALL, 8, ()),
+        (Opcode.NOP, 8, (0,)), (Opcode.NOP, 8, (8,)), (Opcode.NOP, 8, (16,))]
+    assert plain == C.decode(nop() * 4, env) == [_slow_nop(env, 8 * i) for i in range(4)]
+
+
 @pytest.mark.parametrize("buf,status,offset", [
     (nop() + struct.pack("<HHI", 0, 1, 8), Status.BAD_ARG, 8),        # NOP with flags
     (nop() + struct.pack("<HHI", 0, 0, 12) + bytes(4), Status.BAD_LENGTH, 8),  # unaligned

@@ -142,3 +142,28 @@ def test_a_run_leaves_a_callers_frozen_heap_frozen():
         assert gc.get_freeze_count() == before
     finally:
         gc.unfreeze()
+
+
+def test_wait_until_from_a_thread_that_is_not_the_running_task_is_refused():
+    import threading
+
+    from vmm.scheduler import SchedulerError
+    m = Machine(seed=0)
+    errors = []
+
+    def foreign():
+        try:
+            m.wait_until(lambda: True, None, "from elsewhere")
+        except SchedulerError as e:
+            errors.append(str(e))
+
+    def task():
+        t = threading.Thread(target=foreign)
+        t.start()
+        t.join()
+        return m.wait_until(lambda: True, None, "from the task")
+
+    ran = m.spawn(task, "t")
+    m.run_tasks()
+    assert ran.error is None and ran.result is True
+    assert errors == ["wait_until called outside the running guest task"]

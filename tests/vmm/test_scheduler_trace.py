@@ -63,3 +63,30 @@ def test_trace_refuses_nondeterministic_fields():
     tr = Trace(lambda: 0)
     with pytest.raises(TypeError, match="not deterministic"):
         tr.emit("src", "bad", {"obj": object()})
+
+
+def test_trace_counts_keeps_and_watches_across_batches():
+    """count spans hashed batches; keep switched on later keeps from then on; a
+    watcher added later sees every event from then on; neither changes the digest."""
+    def run(keep_at, watch_at):
+        tr = Trace(lambda: 3)
+        seen = []
+        src = tr.tracer("s")
+        for i in range(5000):
+            if i == keep_at:
+                tr.keep = True
+            if i == watch_at:
+                tr.watch(seen.append)
+            src.emit("e", i=i)
+            tr.emit("m", "f", {"i": i})
+        return tr, seen
+
+    plain, _ = run(-1, -1)
+    tr, seen = run(4990, 4000)
+    assert plain.count == tr.count == 10000
+    assert plain.digest() == tr.digest()
+    assert [e.get("i") for e in tr.events] == [i for i in range(4990, 5000) for _ in "ab"]
+    assert len(seen) == 2000 and seen[0].source == "s" and seen[1].kind == "f"
+    tr.keep = False
+    tr.emit("m", "g", {})
+    assert len(tr.events) == 20 and len(seen) == 2001 and tr.count == 10001

@@ -1,0 +1,50 @@
+"""The SUBMIT-time host-range check walks runs of NOPs a block at a time: what it
+refuses, and where, is what a command-by-command walk refuses."""
+from __future__ import annotations
+
+import errno
+import struct
+
+import pytest
+
+from guest_driver.va1.cmdcheck import check_cmdbuf
+from guest_driver.va1.driver import VA1Error
+from hwspec.isa import Opcode
+
+_HOST = (0x10000, 0x1000)  # the one HOST buffer of the caller: [base, +size)
+
+
+def _owner(addr: int, size: int) -> str | None:
+    base, length = _HOST
+    return "host" if base <= addr and addr + size <= base + length else None
+
+
+def _nop(length: int = 8, flags: int = 0) -> bytes:
+    return struct.pack("<HHI", int(Opcode.NOP), flags, length) + bytes(length - 8)
+
+
+def _signal(addr: int) -> bytes:
+    return struct.pack("<HHIQQ", int(Opcode.SIGNAL), 0, 24, addr, 1)
+
+
+def _check(buf: bytes) -> list[str]:
+    return check_cmdbuf(buf, _owner, lambda a, s: bytes(s), 1 << 20, 4).used
+
+
+@pytest.mark.parametrize("before", [
+    _nop() * 5000,                              # longer than the largest block
+    _nop() * 3 + _nop(16) + _nop() * 7,         # a longer NOP inside the run
+    _nop() * 4 + _nop(flags=1) + _nop() * 2,    # a NOP with flags is still a NOP here
+])
+def test_a_bad_host_range_after_a_nop_run_is_refused_at_its_offset(before: bytes) -> None:
+    with pytest.raises(VA1Error) as ei:
+        _check(before + _signal(0x20000))
+    assert ei.value.errno == errno.EFAULT
+    assert f"command at offset {len(before)} (SIGNAL)" in str(ei.value)
+    assert _check(before + _signal(_HOST[0])) == ["host"]
+
+
+def test_an_unknown_opcode_after_a_nop_run_stops_the_walk() -> None:
+    # the device refuses the submission there: nothing after it runs, nor is checked
+    unknown = struct.pack("<HHI", 0xFFFF, 0, 8)
+    assert _check(_nop() * 9 + unknown + _signal(0x20000)) == []
