@@ -21,6 +21,8 @@ Model:
 
 Views handed out by `IommuDma.view` alias guest memory; they must not be kept across an
 unmap (the device model takes a view per access, as hardware walks the IOTLB per access).
+The exception is `IommuDma.ring_view` (the device's virtqueue rings): it is valid only
+while `Iommu.epoch`, which every map, unmap, attach and detach bumps, is unchanged.
 """
 from __future__ import annotations
 
@@ -223,6 +225,10 @@ class Iommu:
         self._domains: dict[int, IommuDomain] = {}
         self._next_domain = 1
         self._attached: dict[int, IommuDomain] = {}
+        # Bumped by every change to translations (attach, detach, map, unmap, destroy)
+        # and by installing a DMA fault hook: ends IommuDma's cached translation and ring
+        # views (DmaPort.view_epoch).
+        self.epoch = 0
 
     # -- domains and requesters -------------------------------------------------------
 
@@ -241,6 +247,7 @@ class Iommu:
         domain._starts.clear()
         domain._maps.clear()
         domain.destroyed = True
+        self.epoch += 1
         del self._domains[domain.id]
 
     def attach(self, requester_id: int, domain: IommuDomain) -> None:
@@ -252,12 +259,14 @@ class Iommu:
             raise IommuError(f"requester {format_bdf(requester_id)} is already attached "
                              f"to domain {cur.id}")
         self._attached[requester_id] = domain
+        self.epoch += 1
 
     def detach(self, requester_id: int) -> None:
         check_requester_id(requester_id)
         if requester_id not in self._attached:
             raise IommuError(f"requester {format_bdf(requester_id)} is attached to no domain")
         del self._attached[requester_id]
+        self.epoch += 1
 
     def domain_of(self, requester_id: int) -> IommuDomain | None:
         return self._attached.get(requester_id)
@@ -285,6 +294,7 @@ class Iommu:
         array, index = _backing_array(backing, offset, size)
         m = Mapping(iova, size, backing, offset, array, index, bool(read), bool(write))
         domain._insert(m)
+        self.epoch += 1
         return m
 
     def unmap(self, domain: IommuDomain, iova: int, size: int) -> int:
@@ -296,6 +306,7 @@ class Iommu:
                              f"positive, both {PAGE_SIZE}-byte aligned, inside 64 bits")
         end = iova + size
         removed = 0
+        self.epoch += 1
         for m in list(domain.overlapping(iova, size)):
             domain._remove(m)
             lo, hi = max(m.iova, iova), min(m.end, end)
@@ -324,6 +335,9 @@ class Iommu:
             raise IommuError(f"domain {domain.id} is not a live domain of this IOMMU")
 
 
+_EMPTY = np.empty(0, dtype=np.uint8)
+
+
 def _as_bytes(data: bytes | bytearray | memoryview | np.ndarray) -> np.ndarray:
     if isinstance(data, np.ndarray):
         return np.ascontiguousarray(data).reshape(-1).view(np.uint8)
@@ -331,9 +345,12 @@ def _as_bytes(data: bytes | bytearray | memoryview | np.ndarray) -> np.ndarray:
 
 
 class IommuDma:
-    """The DmaPort of one PCI function behind the IOMMU (see module docstring)."""
+    """The DmaPort of one PCI function behind the IOMMU (see module docstring).
 
-    fault_hook: DmaFaultHook | None = None   # None unless a fault plan is installed
+    Like a hardware IOTLB it remembers the last mapping an access fell in (only a
+    readable and writable one, and only while no fault plan watches), so an access
+    inside it skips the walk; any change to translations (`Iommu.epoch`) drops it.
+    """
 
     def __init__(self, iommu: Iommu, requester_id: int) -> None:
         check_requester_id(requester_id)
@@ -341,13 +358,33 @@ class IommuDma:
         self.requester_id = requester_id
         self.bytes_read = 0
         self.bytes_written = 0
+        self._hook: DmaFaultHook | None = None
+        # (epoch, first IOVA, end IOVA, backing array, its memoryview, index - IOVA)
+        self._tlb: tuple[int, int, int, np.ndarray, memoryview, int] = (
+            -1, 0, 0, _EMPTY, _EMPTY.data, 0)
+
+    @property
+    def fault_hook(self) -> DmaFaultHook | None:
+        """None unless a fault plan is installed; installing one ends the cached
+        translation and every ring view, since the plan must see every access."""
+        return self._hook
+
+    @fault_hook.setter
+    def fault_hook(self, hook: DmaFaultHook | None) -> None:
+        self._hook = hook
+        self.iommu.epoch += 1
+
+    @property
+    def view_epoch(self) -> int:
+        """ring_view()s stay valid while this is unchanged (device_model.ports.DmaPort)."""
+        return self.iommu.epoch
 
     def _translate(self, iova: int, length: int, *, read: bool, write: bool, probe: bool = False
                    ) -> list[tuple[Mapping, int, int]]:
         """Translate the whole range or log the fault and raise DmaFault (a probe moves
         no data: a fault plan neither counts nor fails it)."""
-        if self.fault_hook is not None and not probe:
-            injected = self.fault_hook.dma(iova, length, read, write)
+        if self._hook is not None and not probe:
+            injected = self._hook.dma(iova, length, read, write)
             if injected is not None:
                 raise self.iommu.record_fault(self.requester_id, iova, length, write, injected)
         domain = self.iommu.domain_of(self.requester_id)
@@ -359,16 +396,31 @@ class IommuDma:
             reason = "address range overflows 64 bits"
         else:
             try:
-                return domain.translate(iova, length, read=read, write=write)
+                segs = domain.translate(iova, length, read=read, write=write)
             except _Refused as e:
                 reason = e.reason
+            else:
+                if len(segs) == 1 and self._hook is None:
+                    m = segs[0][0]
+                    if m.read and m.write:
+                        self._tlb = (self.iommu.epoch, m.iova, m.iova + m.size, m.array,
+                                     m.array.data, m.index - m.iova)
+                return segs
         raise self.iommu.record_fault(self.requester_id, iova, length, write, reason)
 
     def check(self, iova: int, length: int, write: bool) -> None:
         """Probe: raises (and logs) the DmaFault the access would raise; touches nothing."""
         self._translate(iova, length, read=not write, write=write, probe=True)
 
+    # The hot paths first try the cached mapping inline: it is readable and writable,
+    # so a range inside it needs no other check.
+
     def read(self, iova: int, length: int) -> bytes:
+        epoch, lo, hi, _, mv, delta = self._tlb
+        if (epoch == self.iommu.epoch and lo <= iova and 0 < length
+                and iova + length <= hi and self._hook is None):
+            self.bytes_read += length
+            return mv[iova + delta:iova + delta + length].tobytes()
         segs = self._translate(iova, length, read=True, write=False)
         self.bytes_read += length
         if len(segs) == 1:
@@ -377,6 +429,21 @@ class IommuDma:
         return b"".join(m.array[m.index + off:m.index + off + n].tobytes() for m, off, n in segs)
 
     def write(self, iova: int, data: bytes | bytearray | memoryview | np.ndarray) -> None:
+        epoch, lo, hi, arr, mv, delta = self._tlb
+        if epoch == self.iommu.epoch and self._hook is None and lo <= iova:
+            if type(data) is bytes or type(data) is bytearray:
+                n = len(data)
+                if 0 < n and iova + n <= hi:
+                    mv[iova + delta:iova + delta + n] = data
+                    self.bytes_written += n
+                    return
+            else:
+                src = _as_bytes(data)
+                n = src.size
+                if 0 < n and iova + n <= hi:
+                    arr[iova + delta:iova + delta + n] = src
+                    self.bytes_written += n
+                    return
         src = _as_bytes(data)
         segs = self._translate(iova, src.size, read=False, write=True)
         if len(segs) > 1 and any(np.may_share_memory(src, m.array) for m, _, _ in segs):
@@ -392,6 +459,18 @@ class IommuDma:
         `write=False` (then the view is read-only). Raises DmaFault, not logged as an
         IOMMU fault, when the range is mapped but not contiguous in one backing: then
         use read()/write()."""
+        epoch, lo, hi, arr, _, delta = self._tlb
+        if (epoch == self.iommu.epoch and lo <= iova and 0 < length
+                and iova + length <= hi and self._hook is None):
+            v = arr[iova + delta:iova + delta + length]
+        else:
+            v = self._view(iova, length, write)
+        if not write and length:
+            v = v.view()
+            v.flags.writeable = False
+        return v
+
+    def _view(self, iova: int, length: int, write: bool) -> np.ndarray:
         segs = self._translate(iova, length, read=True, write=write)
         if not segs:
             return np.empty(0, dtype=np.uint8)
@@ -405,8 +484,27 @@ class IommuDma:
                                f"not contiguous in one backing memory (at IOVA {m.iova + off:#x}); "
                                "no zero-copy view, use read()/write()")
             pos += n
-        v = m0.array[start:pos]
-        if not write:
-            v = v.view()
-            v.flags.writeable = False
-        return v
+        return m0.array[start:pos]
+
+    def probe_view(self, iova: int, length: int) -> None:
+        """Raises exactly the DmaFault view(iova, length) would, without making the view
+        (device_model.ports.DmaPort's optional probe_view)."""
+        epoch, lo, hi, _, _, _ = self._tlb
+        if not (epoch == self.iommu.epoch and lo <= iova and 0 < length
+                and iova + length <= hi and self._hook is None):
+            self._view(iova, length, True)
+
+    def ring_view(self, iova: int, length: int) -> memoryview | None:
+        """[iova, iova+length) as a byte view for ring fields when it lies in one readable
+        and writable mapping, else None (then every access goes through read/write and
+        is checked, faults logged); None too while a fault plan watches. Valid until
+        view_epoch changes, which every change to translations does. Accesses through
+        it are not counted in bytes_read/bytes_written."""
+        if self._hook is not None or length <= 0:
+            return None
+        domain = self.iommu.domain_of(self.requester_id)
+        m = None if domain is None else domain.find(iova)
+        if m is None or not (m.read and m.write) or iova + length > m.end:
+            return None
+        i = m.index + iova - m.iova
+        return m.array[i:i + length].data

@@ -325,3 +325,77 @@ def test_domains_are_isolated(iommu, ram):
     assert ram.read(RAM_BASE, 1) == b"A" and ram.read(RAM_BASE + PAGE_SIZE, 1) == b"B"
     with pytest.raises(DmaFault):
         IommuDma(iommu, rb).read(0x1000, 1)  # a's other pages are not b's
+
+
+def test_cached_translation_ends_with_every_change_to_the_domain(iommu, domain, dma, ram):
+    """The IOTLB-like cache of IommuDma never outlives an unmap, a permission change,
+    a detach or a fault plan: each access after one is checked (and refused) again."""
+    iommu.map(domain, 0x10_0000, ram, RAM_BASE, 4 * PAGE_SIZE)
+    assert dma.read(0x10_0000, 4) == ram.read(RAM_BASE, 4)       # fills the cache
+    iommu.unmap(domain, 0x10_1000, PAGE_SIZE)
+    with pytest.raises(DmaFault, match="not mapped"):
+        dma.read(0x10_1000, 4)
+    assert dma.read(0x10_0000, 4) == ram.read(RAM_BASE, 4)
+    iommu.unmap(domain, 0x10_0000, PAGE_SIZE)
+    iommu.map(domain, 0x10_0000, ram, RAM_BASE, PAGE_SIZE, write=False)
+    assert dma.read(0x10_0000, 4) == ram.read(RAM_BASE, 4)
+    with pytest.raises(DmaFault, match="no write permission"):
+        dma.write(0x10_0000, b"\x01")
+    with pytest.raises(DmaFault, match="no write permission"):
+        dma.view(0x10_0000, 4)
+    assert dma.view(0x10_0000, 4, write=False).flags.writeable is False
+    dma.read(0x10_2000, 4)
+    iommu.detach(RID)
+    with pytest.raises(DmaFault, match="no IOMMU domain"):
+        dma.view(0x10_2000, 4)
+    assert len(iommu.faults) == 4 and dma.bytes_written == 0
+
+
+def test_a_fault_plan_sees_accesses_the_cache_would_have_served(iommu, domain, dma, ram):
+    iommu.map(domain, 0x10_0000, ram, RAM_BASE, PAGE_SIZE)
+    dma.write(0x10_0000, b"ok")
+    seen = []
+
+    class Hook:
+        def dma(self, iova, length, reads, writes):
+            seen.append((iova, length, reads, writes))
+            return "injected"
+
+    dma.fault_hook = Hook()
+    with pytest.raises(DmaFault, match="injected"):
+        dma.write(0x10_0000, b"no")
+    assert seen == [(0x10_0000, 2, False, True)] and ram.read(RAM_BASE, 2) == b"ok"
+    dma.fault_hook = None
+    dma.write(0x10_0000, b"go")
+    assert ram.read(RAM_BASE, 2) == b"go"
+
+
+def test_ring_view_only_inside_one_writable_mapping_and_until_the_epoch_moves(
+        iommu, domain, dma, ram):
+    iommu.map(domain, 0x10_0000, ram, RAM_BASE, 2 * PAGE_SIZE)
+    iommu.map(domain, 0x10_2000, ram, RAM_BASE + 0x2000, PAGE_SIZE, write=False)
+    epoch = dma.view_epoch
+    mv = dma.ring_view(0x10_0ff0, 32)
+    assert mv is not None and len(mv) == 32
+    mv[0:2] = b"\x12\x34"
+    assert ram.read(RAM_BASE + 0xff0, 2) == b"\x12\x34"
+    assert dma.bytes_written == 0 and dma.view_epoch == epoch
+    assert dma.ring_view(0x10_1ff0, 32) is None      # runs into a read-only mapping
+    assert dma.ring_view(0x30_0000, 8) is None       # not mapped: no fault logged
+    assert not iommu.faults
+    dma.probe_view(0x10_0000, 16)
+    with pytest.raises(DmaFault, match="no write permission"):
+        dma.probe_view(0x10_2000, 16)
+    for change in (lambda: iommu.unmap(domain, 0x10_2000, PAGE_SIZE),
+                   lambda: iommu.map(domain, 0x10_2000, ram, RAM_BASE, PAGE_SIZE),
+                   lambda: setattr(dma, "fault_hook", None)):
+        change()
+        assert dma.view_epoch != epoch
+        epoch = dma.view_epoch
+
+    class Hook:
+        def dma(self, iova, length, reads, writes):
+            return None
+
+    dma.fault_hook = Hook()
+    assert dma.ring_view(0x10_0000, 8) is None       # a fault plan sees every access
