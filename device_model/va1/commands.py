@@ -106,6 +106,37 @@ class DecodeEnv(NamedTuple):
     timestamp: bool   # VA1_F_TIMESTAMP negotiated
     int8: bool = False  # VA1_F_INT8 negotiated (I8 and I32 tensors)
     aspace: AddressSpace | None = None  # the context's address space (None: FLAT)
+    cache: "ResolveCache | None" = None  # the context's resolved commands, if it keeps them
+
+
+class ResolveCache:
+    """A context's memo of resolved device-only commands (`OpSpec.device_only`), keyed by
+    their offset and exact bytes: such a command resolves from its bytes and the decode
+    environment alone, so the same bytes in the same environment give the same Command
+    (a value, as `_nop_commands` shares). It is emptied whenever the environment may
+    resolve differently: another config, memory or negotiated features, a change of
+    the context's mappings (`AddressSpace.generation`); and when it is full."""
+
+    MAX_ENTRIES = 1024
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple[int, bytes], Command] = {}
+        self._state: tuple[object, ...] = ()
+
+    def entries(self, env: DecodeEnv) -> dict[tuple[int, bytes], Command]:
+        """The memo valid in `env` (emptied first if `env` differs from its own)."""
+        aspace = env.aspace
+        state = (env.config, env.memory, aspace, -1 if aspace is None else aspace.generation,
+                 env.fp16, env.timestamp, env.int8)
+        old = self._state
+        if (len(old) != len(state) or any(a is not b for a, b in zip(old[:3], state[:3]))
+                or old[3:] != state[3:] or len(self._entries) >= self.MAX_ENTRIES):
+            self._entries.clear()
+            self._state = state
+        return self._entries
+
+    def __len__(self) -> int:
+        return len(self._entries)
 
 
 class _Checker:
@@ -167,9 +198,10 @@ class _Checker:
         """A device operand: a context VA range, translated through the context's
         mappings (destinations need WRITE, sources READ) to function memory; `written`
         overrides the guess from the operand's name."""
-        aspace = self.env.aspace
-        w = what in _WRITTEN if written is None else written
+        env = self.env
+        aspace = env.aspace
         if aspace is not None and not (BREAKS and "ctx/ignore-address-space" in BREAKS):
+            w = what in _WRITTEN if written is None else written
             pa = aspace.translate(addr, size, w)
             if pa < 0:
                 raise self.fail(Status.OUT_OF_BOUNDS,
@@ -177,12 +209,14 @@ class _Checker:
                                 f"{'writable' if w else 'readable'} "
                                 "mapping of the context")
             addr = pa
-        if not self.env.memory.contains(addr, size) and not (
-                BREAKS and "cmd/skip-partition-check" in BREAKS):
+        mem = env.memory
+        if 0 <= addr and 0 <= size and addr + size <= mem.size:  # DeviceMemory.contains
+            return mem.data[addr:addr + size]                   # its bytes_view, checked
+        if not (BREAKS and "cmd/skip-partition-check" in BREAKS):
             raise self.fail(Status.OUT_OF_BOUNDS,
                             f"{what} [{addr:#x}, +{size:#x}) outside device memory "
-                            f"({self.env.memory.size:#x})")
-        return self.env.memory.bytes_view(addr, size)
+                            f"({mem.size:#x})")
+        return mem.bytes_view(addr, size)  # raises ValueError
 
     def host(self, iova: int, size: int, what: str) -> None:
         if iova + size > _U64:
@@ -205,7 +239,10 @@ def decode(buf: bytes, env: DecodeEnv) -> list[Command]:
     """Validate a whole command buffer, every callee included; raises CommandError for
     the first bad command (a callee's error carries the offset of the top-level CALL)."""
     budget = _Budget(len(buf), isa.CALL_EXPANSION_FACTOR * env.config.max_cmdbuf_size)
-    return _decode(buf, env, 0, budget)
+    memo = None
+    if env.cache is not None and type(buf) is bytes and not BREAKS:
+        memo = env.cache.entries(env)
+    return _decode(buf, env, 0, budget, memo)
 
 
 # A run of NOPs is found a power-of-two block of minimal NOPs (header only, no flags) at
@@ -256,7 +293,8 @@ def _nop_commands(cost: int, pos: int, k: int) -> list[Command]:
     return out
 
 
-def _decode(buf: bytes, env: DecodeEnv, depth: int, budget: _Budget) -> list[Command]:
+def _decode(buf: bytes, env: DecodeEnv, depth: int, budget: _Budget,
+            memo: dict[tuple[int, bytes], Command] | None = None) -> list[Command]:
     cmds: list[Command] = []
     pos = 0
     end = len(buf)
@@ -291,6 +329,17 @@ def _decode(buf: bytes, env: DecodeEnv, depth: int, budget: _Budget) -> list[Com
         if length < _HDR_SIZE or length % isa.ALIGN or (
                 opcode != Opcode.NOP and length != _LENGTH[opcode]):
             raise ck.fail(Status.BAD_LENGTH, f"length {length} for {opcode.name}")
+        if memo is not None and opcode in _DEVICE_ONLY:
+            key = (pos, buf[pos:pos + length])
+            hit = memo.get(key)
+            if hit is None:
+                payload = struct.unpack_from(_PAYLOAD_FMT[opcode], buf, pos + _HDR_SIZE)
+                resolve(ck, opcode, flags, payload, cmds)
+                memo[key] = cmds[-1]
+            else:
+                append(hit)
+            pos += length
+            continue
         payload = struct.unpack_from(_PAYLOAD_FMT[opcode], buf, pos + _HDR_SIZE)
         resolve(ck, opcode, flags, payload, cmds)
         pos += length
@@ -973,35 +1022,44 @@ class OpSpec:
     polls: bool = False             # the engine polls it until satisfied (WAIT)
     host_writes: bool = False       # writes guest memory, which a guest may poll: the
                                     # engine applies it exactly at its end time, never early
+    device_only: bool = False       # resolves from its bytes, the config, the negotiated
+                                    # features and device memory alone (no host access):
+                                    # a context may keep it resolved (ResolveCache)
 
 
 OPS: dict[Opcode, OpSpec] = {
     Opcode.NOP: OpSpec(_one(_resolve_nop), ex.no_effect, time_only=True),
-    Opcode.FILL: OpSpec(_one(_resolve_fill), ex.fill),
+    Opcode.FILL: OpSpec(_one(_resolve_fill), ex.fill, device_only=True),
     Opcode.DMA_H2D: OpSpec(_one(_resolve_dma_h2d), ex.dma_h2d, host_bytes=_size_host_bytes),
     Opcode.DMA_D2H: OpSpec(_one(_resolve_dma_d2h), ex.dma_d2h, host_bytes=_size_host_bytes,
                            host_writes=True),
-    Opcode.DMA_D2D: OpSpec(_one(_resolve_dma_d2d), ex.bound_kernel),
-    Opcode.COPY: OpSpec(_one(_resolve_copy), ex.bound_kernel),
-    Opcode.GEMM: OpSpec(_one(_resolve_gemm), ex.bound_kernel, checks_flags=True),
-    Opcode.GEMM_BATCHED: OpSpec(_one(_resolve_gemm_batched), ex.bound_kernel,
+    Opcode.DMA_D2D: OpSpec(_one(_resolve_dma_d2d), ex.bound_kernel, device_only=True),
+    Opcode.COPY: OpSpec(_one(_resolve_copy), ex.bound_kernel, device_only=True),
+    Opcode.GEMM: OpSpec(_one(_resolve_gemm), ex.bound_kernel, checks_flags=True,
+                        device_only=True),
+    Opcode.GEMM_BATCHED: OpSpec(_one(_resolve_gemm_batched), ex.bound_kernel, device_only=True,
                                 checks_flags=True),
-    Opcode.ELEMENTWISE: OpSpec(_one(_resolve_elementwise), ex.bound_kernel, checks_flags=True),
-    Opcode.GATHER: OpSpec(_one(_resolve_gather), ex.bound_kernel),
-    Opcode.COMPARE: OpSpec(_one(_resolve_compare), ex.bound_kernel, checks_flags=True),
-    Opcode.SELECT: OpSpec(_one(_resolve_select), ex.bound_kernel),
-    Opcode.CONV2D: OpSpec(_one(_resolve_conv2d), ex.bound_kernel, checks_flags=True),
-    Opcode.POOL2D: OpSpec(_one(_resolve_pool2d), ex.bound_kernel, checks_flags=True),
-    Opcode.SOFTMAX: OpSpec(_one(_resolve_softmax), ex.bound_kernel),
-    Opcode.LAYERNORM: OpSpec(_one(_resolve_layernorm), ex.bound_kernel),
-    Opcode.REDUCE: OpSpec(_one(_resolve_reduce), ex.bound_kernel),
+    Opcode.ELEMENTWISE: OpSpec(_one(_resolve_elementwise), ex.bound_kernel, checks_flags=True,
+                               device_only=True),
+    Opcode.GATHER: OpSpec(_one(_resolve_gather), ex.bound_kernel, device_only=True),
+    Opcode.COMPARE: OpSpec(_one(_resolve_compare), ex.bound_kernel, checks_flags=True,
+                           device_only=True),
+    Opcode.SELECT: OpSpec(_one(_resolve_select), ex.bound_kernel, device_only=True),
+    Opcode.CONV2D: OpSpec(_one(_resolve_conv2d), ex.bound_kernel, checks_flags=True,
+                          device_only=True),
+    Opcode.POOL2D: OpSpec(_one(_resolve_pool2d), ex.bound_kernel, checks_flags=True,
+                          device_only=True),
+    Opcode.SOFTMAX: OpSpec(_one(_resolve_softmax), ex.bound_kernel, device_only=True),
+    Opcode.LAYERNORM: OpSpec(_one(_resolve_layernorm), ex.bound_kernel, device_only=True),
+    Opcode.REDUCE: OpSpec(_one(_resolve_reduce), ex.bound_kernel, device_only=True),
     Opcode.QUANTIZE: OpSpec(_one(lambda ck, f, p: _resolve_quant(ck, Opcode.QUANTIZE, p)),
-                            ex.bound_kernel),
+                            ex.bound_kernel, device_only=True),
     Opcode.DEQUANTIZE: OpSpec(_one(lambda ck, f, p: _resolve_quant(ck, Opcode.DEQUANTIZE, p)),
-                              ex.bound_kernel),
-    Opcode.QUANTIZE_DYNAMIC: OpSpec(_one(_resolve_quant_dynamic), ex.bound_kernel),
+                              ex.bound_kernel, device_only=True),
+    Opcode.QUANTIZE_DYNAMIC: OpSpec(_one(_resolve_quant_dynamic), ex.bound_kernel,
+                                    device_only=True),
     Opcode.DEQUANTIZE_DYNAMIC: OpSpec(_one(_resolve_dequant_dynamic), ex.bound_kernel,
-                                      checks_flags=True),
+                                      checks_flags=True, device_only=True),
     Opcode.SIGNAL: OpSpec(_one(_resolve_fence(Opcode.SIGNAL)), ex.signal,
                           host_bytes=_u64_host_bytes, host_writes=True),
     Opcode.TIMESTAMP: OpSpec(_one(_resolve_timestamp), ex.timestamp,
@@ -1009,3 +1067,5 @@ OPS: dict[Opcode, OpSpec] = {
     Opcode.WAIT: OpSpec(_one(_resolve_fence(Opcode.WAIT)), ex.no_effect, polls=True),
     Opcode.CALL: OpSpec(_resolve_call, ex.no_effect, host_bytes=_size_host_bytes),
 }
+
+_DEVICE_ONLY = frozenset(op for op, spec in OPS.items() if spec.device_only)
