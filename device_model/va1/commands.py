@@ -110,7 +110,8 @@ class DecodeEnv(NamedTuple):
 
 
 class ResolveCache:
-    """A context's memo of resolved device-only commands (`OpSpec.device_only`), keyed by
+    """A context's memo of resolved device-only commands (`OpSpec.device_only`, and DMAs
+    whose host range is checked again on each use: `OpSpec.host_recheck`), keyed by
     their offset and exact bytes: such a command resolves from its bytes and the decode
     environment alone, so the same bytes in the same environment give the same Command
     (a value, as `_nop_commands` shares). It is emptied whenever the environment may
@@ -329,7 +330,7 @@ def _decode(buf: bytes, env: DecodeEnv, depth: int, budget: _Budget,
         if length < _HDR_SIZE or length % isa.ALIGN or (
                 opcode != Opcode.NOP and length != _LENGTH[opcode]):
             raise ck.fail(Status.BAD_LENGTH, f"length {length} for {opcode.name}")
-        if memo is not None and opcode in _DEVICE_ONLY:
+        if memo is not None and opcode in _KEPT:
             key = (pos, buf[pos:pos + length])
             hit = memo.get(key)
             if hit is None:
@@ -337,6 +338,9 @@ def _decode(buf: bytes, env: DecodeEnv, depth: int, budget: _Budget,
                 resolve(ck, opcode, flags, payload, cmds)
                 memo[key] = cmds[-1]
             else:
+                recheck = _KEPT[opcode]
+                if recheck is not None:
+                    recheck(ck, hit)
                 append(hit)
             pos += length
             continue
@@ -387,6 +391,14 @@ def _resolve_dma_h2d(ck: _Checker, flags: int, p: tuple) -> Command:  # type: ig
     return Command(Opcode.DMA_H2D, ck.offset,
                    roofline_ns(cfg.cmd_overhead_ns, nbytes=size, bandwidth=cfg.link_bandwidth),
                    dst=dview, host_addr=src, size=size)
+
+
+def _recheck_h2d(ck: _Checker, cmd: Command) -> None:
+    ck.host(cmd.host_addr, cmd.size, "src")
+
+
+def _recheck_d2h(ck: _Checker, cmd: Command) -> None:
+    ck.host(cmd.host_addr, cmd.size, "dst")
 
 
 def _resolve_dma_d2h(ck: _Checker, flags: int, p: tuple) -> Command:  # type: ignore[type-arg]
@@ -1025,14 +1037,19 @@ class OpSpec:
     device_only: bool = False       # resolves from its bytes, the config, the negotiated
                                     # features and device memory alone (no host access):
                                     # a context may keep it resolved (ResolveCache)
+    host_recheck: Callable[[_Checker, Command], None] | None = None
+                                    # a command whose only other checks are of its host
+                                    # range(s), run last: it may be kept resolved too, and
+                                    # this redoes them on every use (the IOMMU may change)
 
 
 OPS: dict[Opcode, OpSpec] = {
     Opcode.NOP: OpSpec(_one(_resolve_nop), ex.no_effect, time_only=True),
     Opcode.FILL: OpSpec(_one(_resolve_fill), ex.fill, device_only=True),
-    Opcode.DMA_H2D: OpSpec(_one(_resolve_dma_h2d), ex.dma_h2d, host_bytes=_size_host_bytes),
+    Opcode.DMA_H2D: OpSpec(_one(_resolve_dma_h2d), ex.dma_h2d, host_bytes=_size_host_bytes,
+                           host_recheck=_recheck_h2d),
     Opcode.DMA_D2H: OpSpec(_one(_resolve_dma_d2h), ex.dma_d2h, host_bytes=_size_host_bytes,
-                           host_writes=True),
+                           host_writes=True, host_recheck=_recheck_d2h),
     Opcode.DMA_D2D: OpSpec(_one(_resolve_dma_d2d), ex.bound_kernel, device_only=True),
     Opcode.COPY: OpSpec(_one(_resolve_copy), ex.bound_kernel, device_only=True),
     Opcode.GEMM: OpSpec(_one(_resolve_gemm), ex.bound_kernel, checks_flags=True,
@@ -1068,4 +1085,7 @@ OPS: dict[Opcode, OpSpec] = {
     Opcode.CALL: OpSpec(_resolve_call, ex.no_effect, host_bytes=_size_host_bytes),
 }
 
-_DEVICE_ONLY = frozenset(op for op, spec in OPS.items() if spec.device_only)
+# What a ResolveCache may keep: opcode -> the host checks to redo on each use (or None).
+_KEPT: dict[Opcode, Callable[[_Checker, Command], None] | None] = {
+    op: spec.host_recheck for op, spec in OPS.items()
+    if spec.device_only or spec.host_recheck is not None}

@@ -11,7 +11,7 @@ import struct
 
 import numpy as np
 import pytest
-from dm_driver import Rig, gemm, nop, signal
+from dm_driver import Rig, d2h, gemm, h2d, nop, signal
 
 from device_model import Va1Config
 from device_model.va1 import commands as C
@@ -253,3 +253,37 @@ def test_resolve_cache_forgets_on_other_features_or_memory() -> None:
     env = _ctx_env(None, cache, memory=other)._replace(
         config=Va1Config(device_memory_size=1 << 16))
     assert C.decode(buf, env)[0] is not got[0]
+
+
+class _Window:
+    """A DMA port that maps IOVAs [0, limit): a narrower limit is an IOMMU unmap."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+
+    def view(self, iova: int, size: int) -> np.ndarray:
+        from device_model.ports import DmaFault
+        if iova + size > self.limit:
+            raise DmaFault(iova, size, False, "not mapped")
+        return np.zeros(size, np.uint8)
+
+
+def test_kept_dmas_check_their_host_range_on_every_use() -> None:
+    """DMAs are kept resolved for their device side only: a host range unmapped since
+    fails the same bytes DMA_FAULT, at the same offset, as a fresh decode does."""
+    cache = C.ResolveCache()
+    port = _Window(0x2000)
+    env = _ctx_env(None, cache)._replace(dma=port)
+    buf = nop() + h2d(0x1000, 0x100, 0x100) + d2h(0x100, 0x1800, 0x100)
+    first = C.decode(buf, env)
+    assert C.decode(buf, env)[1:] == first[1:] and C.decode(buf, env)[1] is first[1]
+    port.limit = 0x1880
+    for e in (env, env._replace(cache=None)):
+        with pytest.raises(C.CommandError) as ei:
+            C.decode(buf, e)
+        assert (ei.value.status, ei.value.offset) == (Status.DMA_FAULT, 40)
+    port.limit = 0x1000
+    with pytest.raises(C.CommandError) as ei:
+        C.decode(buf, env)
+    assert (ei.value.status, ei.value.offset) == (Status.DMA_FAULT, 8)
+    assert "src" in ei.value.message
