@@ -59,7 +59,10 @@ class DeviceMemory:
     def __init__(self, size: int, data: np.ndarray | None = None, base: int = 0) -> None:
         self.size = size
         self.base = base
-        self.data = data if data is not None else np.zeros(size, dtype=np.uint8)
+        # Its own memory (no card): page-aligned like the card's (a malloc'ed array starts
+        # 16 bytes into a page, which makes copies between it and page-aligned guest RAM
+        # alias every 4 KiB and run several times slower).
+        self.data = data if data is not None else CardMemory(size).data
 
     def contains(self, addr: int, length: int) -> bool:
         """Is [addr, addr+length) inside memory? (Python ints: no overflow.)"""
