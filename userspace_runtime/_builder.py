@@ -104,6 +104,8 @@ def _int(value: Any, what: str) -> int:
 
 
 def _uint(value: Any, what: str, maximum: int, *, minimum: int = 0) -> int:
+    if type(value) is int and minimum <= value <= maximum:
+        return value
     v = _int(value, what)
     if not minimum <= v <= maximum:
         raise ValueError(f"{what} = {v} is out of range [{minimum}, {maximum:#x}]")
@@ -111,6 +113,8 @@ def _uint(value: Any, what: str, maximum: int, *, minimum: int = 0) -> int:
 
 
 def _addr(value: Any, what: str) -> int:
+    if type(value) is int and 0 <= value <= U64_MAX:
+        return value
     return _uint(value, what, U64_MAX)
 
 
@@ -121,6 +125,8 @@ def _range(addr: int, size: int, what: str) -> None:
 
 def check_f32(value: Any, what: str) -> float:
     """`value` as a float that float32 represents finitely, else TypeError/ValueError."""
+    if type(value) is float and -_F32_MAX <= value <= _F32_MAX:  # (NaN fails this too)
+        return value
     if isinstance(value, bool):
         raise TypeError(f"{what} must be a float, got bool")
     try:
