@@ -227,9 +227,13 @@ class Stream:
         return handle in self._open.handles
 
     def _buffer(self, buf: Any, what: str) -> Buffer:
+        """`buf` if it is a usable Buffer of this stream's context. Every caller has run
+        `_check` first, so the context is known alive: only a freed buffer or another
+        context's needs `check_usable` (which raises the error)."""
         if not isinstance(buf, Buffer):
             raise TypeError(f"{what} must be a Buffer, got {type(buf).__name__}")
-        buf.check_usable(self.context, what)
+        if buf.freed or buf.context is not self.context:
+            buf.check_usable(self.context, what)
         return buf
 
     # -- appending ------------------------------------------------------------------

@@ -305,7 +305,7 @@ def _decode(buf: bytes, env: DecodeEnv, depth: int, budget: _Budget,
     hdr, align = _HDR_SIZE, isa.ALIGN
     while pos < end:
         # Fast paths for runs of valid NOPs: exactly what OPS[NOP].resolve would build.
-        k = _nop_run(buf, pos)
+        k = _nop_run(buf, pos) if buf.startswith(_MIN_NOP, pos) else 0
         if k:
             cmds.extend(_nop_commands(nop_cost, pos, k))
             pos += k * _HDR_SIZE
@@ -318,6 +318,19 @@ def _decode(buf: bytes, env: DecodeEnv, depth: int, budget: _Budget,
             pos += length
         if pos >= end:
             break
+        if memo is not None and end - pos >= hdr:
+            # The same bytes at the same offset passed every check below in this same
+            # environment (a shorter, truncated slice cannot equal a kept command's bytes).
+            length = unpack(buf, pos)[2]
+            key = (pos, buf[pos:pos + length])
+            hit = memo.get(key)
+            if hit is not None:
+                recheck = _KEPT[hit.opcode]
+                if recheck is not None:
+                    recheck(_Checker(env, pos, depth, budget), hit)
+                append(hit)
+                pos += length
+                continue
         ck = _Checker(env, pos, depth, budget)
         if end - pos < _HDR_SIZE:
             raise ck.fail(Status.TRUNCATED, "no room for a header")
@@ -330,22 +343,10 @@ def _decode(buf: bytes, env: DecodeEnv, depth: int, budget: _Budget,
         if length < _HDR_SIZE or length % isa.ALIGN or (
                 opcode != Opcode.NOP and length != _LENGTH[opcode]):
             raise ck.fail(Status.BAD_LENGTH, f"length {length} for {opcode.name}")
-        if memo is not None and opcode in _KEPT:
-            key = (pos, buf[pos:pos + length])
-            hit = memo.get(key)
-            if hit is None:
-                payload = struct.unpack_from(_PAYLOAD_FMT[opcode], buf, pos + _HDR_SIZE)
-                resolve(ck, opcode, flags, payload, cmds)
-                memo[key] = cmds[-1]
-            else:
-                recheck = _KEPT[opcode]
-                if recheck is not None:
-                    recheck(ck, hit)
-                append(hit)
-            pos += length
-            continue
         payload = struct.unpack_from(_PAYLOAD_FMT[opcode], buf, pos + _HDR_SIZE)
         resolve(ck, opcode, flags, payload, cmds)
+        if memo is not None and opcode in _KEPT:
+            memo[(pos, buf[pos:pos + length])] = cmds[-1]
         pos += length
     return cmds
 
