@@ -449,18 +449,18 @@ class CommandBufferBuilder:
             flags |= isa.GEMM_TRANS_A
         if trans_b:
             flags |= isa.GEMM_TRANS_B
+        aa, ba, ca = _addr(a, "GEMM a"), _addr(b, "GEMM b"), _addr(c, "GEMM c")
         fields: dict[str, int | float] = {
-            "dtype": dt, "activation": act, "m": m, "n": n, "k": k,
-            "a": _addr(a, "GEMM a"), "b": _addr(b, "GEMM b"), "c": _addr(c, "GEMM c"),
+            "dtype": dt, "activation": act, "m": m, "n": n, "k": k, "a": aa, "b": ba, "c": ca,
             "alpha": check_f32(alpha, "GEMM alpha"), "beta": check_f32(beta, "GEMM beta"),
         }
-        _range(int(fields["a"]), m * k * esize, "GEMM a")
-        _range(int(fields["b"]), k * n * esize, "GEMM b")
-        _range(int(fields["c"]), m * n * osize, "GEMM c")
+        _range(aa, m * k * esize, "GEMM a")
+        _range(ba, k * n * esize, "GEMM b")
+        _range(ca, m * n * osize, "GEMM c")
         if bias is not None:
             flags |= isa.GEMM_BIAS
-            fields["bias"] = _addr(bias, "GEMM bias")
-            _range(int(fields["bias"]), n * osize, "GEMM bias")
+            fields["bias"] = bias_addr = _addr(bias, "GEMM bias")
+            _range(bias_addr, n * osize, "GEMM bias")
         if name is None:
             extra = "".join([" trans_a" if trans_a else "", " trans_b" if trans_b else "",
                              " +bias" if bias is not None else "",

@@ -396,7 +396,7 @@ class Stream:
             bias = self._buffer(bias, "gemm bias")
             ops.append(("bias", bias))
         for nm, x in ops[:3]:
-            if x.ndim != 2:
+            if len(x.shape) != 2:
                 raise ValueError(f"gemm: {nm} must be 2-D, it is {x.shape}")
         self._compute_dtype("gemm", ops)
         m, k = (a.shape[1], a.shape[0]) if trans_a else a.shape
