@@ -38,6 +38,13 @@ _STRUCTS: dict[Opcode, struct.Struct] = {
 }
 
 
+# Per opcode: its struct, its command length and its payload field names in wire order.
+_ENCODING: dict[Opcode, tuple[struct.Struct, int, tuple[str, ...]]] = {
+    op: (_STRUCTS[op], isa.command_length(op), tuple(layout.names))
+    for op, layout in isa.PAYLOAD.items()
+}
+
+
 # A command's name, or a function that makes it: names are read only for errors and
 # disassembly, so a stream hands over the function and the hot path formats nothing.
 Name = Union[str, Callable[[], str]]
@@ -97,6 +104,8 @@ def _int(value: Any, what: str) -> int:
 
 
 def _uint(value: Any, what: str, maximum: int, *, minimum: int = 0) -> int:
+    if type(value) is int and minimum <= value <= maximum:
+        return value
     v = _int(value, what)
     if not minimum <= v <= maximum:
         raise ValueError(f"{what} = {v} is out of range [{minimum}, {maximum:#x}]")
@@ -104,6 +113,8 @@ def _uint(value: Any, what: str, maximum: int, *, minimum: int = 0) -> int:
 
 
 def _addr(value: Any, what: str) -> int:
+    if type(value) is int and 0 <= value <= U64_MAX:
+        return value
     return _uint(value, what, U64_MAX)
 
 
@@ -114,6 +125,8 @@ def _range(addr: int, size: int, what: str) -> None:
 
 def check_f32(value: Any, what: str) -> float:
     """`value` as a float that float32 represents finitely, else TypeError/ValueError."""
+    if type(value) is float and -_F32_MAX <= value <= _F32_MAX:  # (NaN fails this too)
+        return value
     if isinstance(value, bool):
         raise TypeError(f"{what} must be a float, got bool")
     try:
@@ -259,7 +272,9 @@ class CommandBufferBuilder:
 
     def __init__(self, max_size: int | None = None) -> None:
         self._data = bytearray()
-        self._records: list[CommandRecord] = []
+        # One (opcode, length, name) per command, made into CommandRecords only when
+        # read: appending is the hot path, reading records is for errors and listings.
+        self._cmd_rows: list[tuple[int, int, Name]] = []
         self._offsets: list[int] = []
         self.max_size = max_size
 
@@ -275,7 +290,16 @@ class CommandBufferBuilder:
 
     @property
     def commands(self) -> tuple[CommandRecord, ...]:
-        return tuple(self._records)
+        return tuple(self._record_at(i) for i in range(len(self._cmd_rows)))
+
+    @property
+    def command_count(self) -> int:
+        """How many commands were appended (without building their records)."""
+        return len(self._cmd_rows)
+
+    def _record_at(self, i: int) -> CommandRecord:
+        opcode, length, name = self._cmd_rows[i]
+        return CommandRecord(i, self._offsets[i], opcode, length, name)
 
     def __bytes__(self) -> builtins.bytes:
         return builtins.bytes(self._data)
@@ -293,33 +317,28 @@ class CommandBufferBuilder:
         i = bisect.bisect_right(self._offsets, offset) - 1
         if i < 0:
             return None
-        rec = self._records[i]
+        rec = self._record_at(i)
         return rec if offset < rec.offset + rec.length else None
 
     def disassemble(self) -> str:
         """Text listing of the buffer, one command per line, with each command's name."""
-        return disassemble(self._data, names={r.offset: r.name for r in self._records})
+        return disassemble(self._data, names={r.offset: r.name for r in self.commands})
 
     def extend(self, other: CommandBufferBuilder) -> int:
         """Append another builder's bytes and command records; returns the offset."""
         base = len(self._data)
         self._reserve(len(other._data))
         self._data += other._data
-        n = len(self._records)
-        if base == 0 and n == 0:
-            # Records are immutable and would be rebuilt identical: share them.
-            self._records.extend(other._records)
+        self._cmd_rows.extend(other._cmd_rows)
+        if base == 0:
             self._offsets.extend(other._offsets)
         else:
-            self._records.extend(CommandRecord(n + i, base + r.offset, r.opcode, r.length,
-                                               r.label)
-                                 for i, r in enumerate(other._records))
             self._offsets.extend(base + o for o in other._offsets)
         return base
 
     def clear(self) -> None:
         self._data.clear()
-        self._records.clear()
+        self._cmd_rows.clear()
         self._offsets.clear()
 
     # -- encoding -------------------------------------------------------------------
@@ -332,17 +351,18 @@ class CommandBufferBuilder:
 
     def _emit(self, opcode: Opcode, flags: int, fields: Mapping[str, int | float],
               name: Name) -> int:
-        layout = isa.PAYLOAD[opcode]
-        length = isa.command_length(opcode)
-        self._reserve(length)
-        values = [fields.get(n, 0) for n in layout.names]
-        offset = len(self._data)
-        self._data += _STRUCTS[opcode].pack(opcode, flags, length, *values)
-        self._record(offset, opcode, length, name)
+        st, length, names = _ENCODING[opcode]
+        data = self._data
+        offset = len(data)
+        if self.max_size is not None and offset + length > self.max_size:
+            self._reserve(length)
+        data += st.pack(opcode, flags, length, *[fields.get(n, 0) for n in names])
+        self._cmd_rows.append((opcode, length, name))
+        self._offsets.append(offset)
         return offset
 
     def _record(self, offset: int, opcode: int, length: int, name: Name) -> None:
-        self._records.append(CommandRecord(len(self._records), offset, opcode, length, name))
+        self._cmd_rows.append((opcode, length, name))
         self._offsets.append(offset)
 
     def nop(self, length: IntLike = isa.HEADER.size, *, name: Name | None = None) -> int:
@@ -371,6 +391,11 @@ class CommandBufferBuilder:
 
     def _dma(self, opcode: Opcode, src: IntLike, dst: IntLike, size: IntLike,
              name: Name | None) -> int:
+        if (name is not None and type(src) is int and type(dst) is int
+                and type(size) is int and src >= 0 and dst >= 0 and size >= 1
+                and src + size - 1 <= U64_MAX and dst + size - 1 <= U64_MAX):
+            # Plain in-range ints (what a Stream passes): the checks below would all pass.
+            return self._emit(opcode, 0, {"src": src, "dst": dst, "size": size}, name)
         what = opcode.name
         src = _addr(src, f"{what} src")
         dst = _addr(dst, f"{what} dst")
@@ -424,18 +449,18 @@ class CommandBufferBuilder:
             flags |= isa.GEMM_TRANS_A
         if trans_b:
             flags |= isa.GEMM_TRANS_B
+        aa, ba, ca = _addr(a, "GEMM a"), _addr(b, "GEMM b"), _addr(c, "GEMM c")
         fields: dict[str, int | float] = {
-            "dtype": dt, "activation": act, "m": m, "n": n, "k": k,
-            "a": _addr(a, "GEMM a"), "b": _addr(b, "GEMM b"), "c": _addr(c, "GEMM c"),
+            "dtype": dt, "activation": act, "m": m, "n": n, "k": k, "a": aa, "b": ba, "c": ca,
             "alpha": check_f32(alpha, "GEMM alpha"), "beta": check_f32(beta, "GEMM beta"),
         }
-        _range(int(fields["a"]), m * k * esize, "GEMM a")
-        _range(int(fields["b"]), k * n * esize, "GEMM b")
-        _range(int(fields["c"]), m * n * osize, "GEMM c")
+        _range(aa, m * k * esize, "GEMM a")
+        _range(ba, k * n * esize, "GEMM b")
+        _range(ca, m * n * osize, "GEMM c")
         if bias is not None:
             flags |= isa.GEMM_BIAS
-            fields["bias"] = _addr(bias, "GEMM bias")
-            _range(int(fields["bias"]), n * osize, "GEMM bias")
+            fields["bias"] = bias_addr = _addr(bias, "GEMM bias")
+            _range(bias_addr, n * osize, "GEMM bias")
         if name is None:
             extra = "".join([" trans_a" if trans_a else "", " trans_b" if trans_b else "",
                              " +bias" if bias is not None else "",

@@ -97,6 +97,9 @@ class Device:
         self.contexts: list[Context] = []
         # Pinned host arrays (alloc_host): (data address, nbytes, handle, iova, array).
         self._pinned: list[tuple[int, int, int, int, np.ndarray]] = []
+        # id() of each array alloc_host returned -> (handle, iova): `_pinned` holds the
+        # arrays, so an id here cannot be reused by another object until free_host.
+        self._pinned_by_id: dict[int, tuple[int, int]] = {}
         try:
             self.params = DeviceParams(self._read_params())
         except BaseException:
@@ -162,6 +165,7 @@ class Device:
         n = int(np.prod(shp, dtype=np.int64)) * dt.itemsize
         arr = raw[:n].view(dt).reshape(shp)
         self._pinned.append((_address(raw), nbytes, handle, iova, arr))
+        self._pinned_by_id[id(arr)] = (handle, iova)
         return arr
 
     def free_host(self, array: np.ndarray) -> None:
@@ -169,6 +173,7 @@ class Device:
         for i, p in enumerate(self._pinned):
             if p[4] is array:
                 del self._pinned[i]
+                del self._pinned_by_id[id(array)]
                 if not self._closed:
                     self._drv.bo_free(p[2])
                 return
@@ -176,11 +181,11 @@ class Device:
 
     def _pinned_iova(self, arr: np.ndarray) -> tuple[int, int] | None:
         """(handle, iova) when `arr` is a C-contiguous view inside a pinned array."""
-        for _, _, handle, iova, whole in self._pinned:
-            if arr is whole:  # the array alloc_host returned: no address to look up
-                return handle, iova
         if not self._pinned or not arr.flags.c_contiguous:
             return None
+        hit = self._pinned_by_id.get(id(arr))
+        if hit is not None:  # an array alloc_host returned (kept alive by _pinned)
+            return hit
         ptr = _address(arr)
         for start, nbytes, handle, iova, _ in self._pinned:
             if start <= ptr and ptr + arr.nbytes <= start + nbytes:
@@ -203,6 +208,7 @@ class Device:
                 self._drv.bo_free(p[2])
         finally:
             self._pinned = []
+            self._pinned_by_id.clear()
             self._closed = True
             self._drv.close()
 

@@ -14,7 +14,7 @@ import os as _os
 import sys
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Collection, Iterable
 
 import numpy as np
 
@@ -28,6 +28,7 @@ from ._errors import DeviceError, DriverError, UseAfterFreeError
 from ._staging import Region, StagingPool
 
 _CMD_ALIGN = isa.ALIGN
+_LENGTH = {op: isa.command_length(op) for op in Opcode}
 
 
 def _caller() -> tuple[str, int]:
@@ -216,7 +217,7 @@ class Stream:
     @property
     def pending_commands(self) -> int:
         """Commands appended but not yet submitted."""
-        return len(self._open.builder.commands)
+        return self._open.builder.command_count
 
     def disassemble(self) -> str:
         """Listing of the commands not yet submitted (with the call that made each)."""
@@ -226,28 +227,32 @@ class Stream:
         return handle in self._open.handles
 
     def _buffer(self, buf: Any, what: str) -> Buffer:
+        """`buf` if it is a usable Buffer of this stream's context. Every caller has run
+        `_check` first, so the context is known alive: only a freed buffer or another
+        context's needs `check_usable` (which raises the error)."""
         if not isinstance(buf, Buffer):
             raise TypeError(f"{what} must be a Buffer, got {type(buf).__name__}")
-        buf.check_usable(self.context, what)
+        if buf.freed or buf.context is not self.context:
+            buf.check_usable(self.context, what)
         return buf
 
     # -- appending ------------------------------------------------------------------
 
-    def _append(self, opcode: Opcode | None, handles: Iterable[int],
+    def _append(self, opcode: Opcode | None, handles: Collection[int],
                 emit: Callable[[CommandBufferBuilder], int],
                 regions: Iterable[Region] = (), length: int = 0) -> _Chunk:
         ch = self._open
-        hs = list(handles)
-        new = sum(1 for h in set(hs) if h not in ch.handles)
+        used = ch.handles
+        new = len({h: None for h in handles if h not in used})
         if opcode is not None:
-            length = isa.command_length(opcode)
-        if ch.builder.size and (ch.builder.size + length > self._max_cmdbuf
-                                or len(ch.handles) + new > uapi.MAX_SUBMIT_BUFFERS):
+            length = _LENGTH[opcode]
+        size = ch.builder.size
+        if size and (size + length > self._max_cmdbuf
+                     or len(used) + new > uapi.MAX_SUBMIT_BUFFERS):
             self._submit_open()
             ch = self._open
         emit(ch.builder)
-        for h in hs:
-            ch.handles[h] = None
+        ch.handles.update(dict.fromkeys(handles))
         for r in regions:
             r.block.last_seq = max(r.block.last_seq, ch.seq)
         return ch
@@ -391,7 +396,7 @@ class Stream:
             bias = self._buffer(bias, "gemm bias")
             ops.append(("bias", bias))
         for nm, x in ops[:3]:
-            if x.ndim != 2:
+            if len(x.shape) != 2:
                 raise ValueError(f"gemm: {nm} must be 2-D, it is {x.shape}")
         self._compute_dtype("gemm", ops)
         m, k = (a.shape[1], a.shape[0]) if trans_a else a.shape
@@ -511,7 +516,7 @@ class Stream:
             region.array().data[:] = data  # one memcpy, no ndarray built around data
             ch.fence = self._drv.submit(self.context.id, self.queue, region.handle,
                                         region.offset, len(data), ch.handles,
-                                        len(ch.builder.commands))
+                                        ch.builder.command_count)
         except BaseException as e:
             # Queued anyway, so that completion stays in order: retiring it fails its
             # downloads with this error and frees its staging for reuse.
@@ -541,11 +546,11 @@ class Stream:
         if r is None:
             err = ch.submit_error
             res = SubmissionResult(ch.seq, None, self.queue, va1.Status.ABORTED, None, 0, 0,
-                                   len(ch.builder.commands), ch.builder.size)
+                                   ch.builder.command_count, ch.builder.size)
         else:
             off = None if r.error_offset == va1.NO_OFFSET else r.error_offset
             res = SubmissionResult(ch.seq, ch.fence, self.queue, r.status, off, r.start_ns,
-                                   r.end_ns, len(ch.builder.commands), ch.builder.size)
+                                   r.end_ns, ch.builder.command_count, ch.builder.size)
             if r.status != va1.Status.OK:
                 rec = None if off is None else ch.builder.command_at(off)
                 err = DeviceError(r.status, off, None if rec is None else rec.name,

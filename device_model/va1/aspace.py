@@ -26,6 +26,9 @@ class AddressSpace:
     def __init__(self) -> None:
         self._vas: list[int] = []
         self._maps: list[Mapping] = []
+        # Changes with every change of the mappings: what was resolved through the old
+        # ones (commands.ResolveCache) is stale.
+        self.generation = 0
 
     @property
     def mappings(self) -> tuple[Mapping, ...]:
@@ -45,6 +48,7 @@ class AddressSpace:
             return Status.BAD_ARG
         self._vas.insert(i, va)
         self._maps.insert(i, Mapping(va, pa, size, flags))
+        self.generation += 1
         return Status.OK
 
     def unmap(self, va: int, size: int) -> Status:
@@ -53,6 +57,7 @@ class AddressSpace:
             return Status.BAD_ARG
         del self._vas[i]
         del self._maps[i]
+        self.generation += 1
         return Status.OK
 
     def translate(self, va: int, size: int, write: bool) -> int:
@@ -72,3 +77,4 @@ class AddressSpace:
     def clear(self) -> None:
         self._vas.clear()
         self._maps.clear()
+        self.generation += 1

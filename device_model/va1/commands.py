@@ -106,6 +106,38 @@ class DecodeEnv(NamedTuple):
     timestamp: bool   # VA1_F_TIMESTAMP negotiated
     int8: bool = False  # VA1_F_INT8 negotiated (I8 and I32 tensors)
     aspace: AddressSpace | None = None  # the context's address space (None: FLAT)
+    cache: "ResolveCache | None" = None  # the context's resolved commands, if it keeps them
+
+
+class ResolveCache:
+    """A context's memo of resolved device-only commands (`OpSpec.device_only`, and DMAs
+    whose host range is checked again on each use: `OpSpec.host_recheck`), keyed by
+    their offset and exact bytes: such a command resolves from its bytes and the decode
+    environment alone, so the same bytes in the same environment give the same Command
+    (a value, as `_nop_commands` shares). It is emptied whenever the environment may
+    resolve differently: another config, memory or negotiated features, a change of
+    the context's mappings (`AddressSpace.generation`); and when it is full."""
+
+    MAX_ENTRIES = 1024
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple[int, bytes], Command] = {}
+        self._state: tuple[object, ...] = ()
+
+    def entries(self, env: DecodeEnv) -> dict[tuple[int, bytes], Command]:
+        """The memo valid in `env` (emptied first if `env` differs from its own)."""
+        aspace = env.aspace
+        state = (env.config, env.memory, aspace, -1 if aspace is None else aspace.generation,
+                 env.fp16, env.timestamp, env.int8)
+        old = self._state
+        if (len(old) != len(state) or any(a is not b for a, b in zip(old[:3], state[:3]))
+                or old[3:] != state[3:] or len(self._entries) >= self.MAX_ENTRIES):
+            self._entries.clear()
+            self._state = state
+        return self._entries
+
+    def __len__(self) -> int:
+        return len(self._entries)
 
 
 class _Checker:
@@ -167,9 +199,10 @@ class _Checker:
         """A device operand: a context VA range, translated through the context's
         mappings (destinations need WRITE, sources READ) to function memory; `written`
         overrides the guess from the operand's name."""
-        aspace = self.env.aspace
-        w = what in _WRITTEN if written is None else written
+        env = self.env
+        aspace = env.aspace
         if aspace is not None and not (BREAKS and "ctx/ignore-address-space" in BREAKS):
+            w = what in _WRITTEN if written is None else written
             pa = aspace.translate(addr, size, w)
             if pa < 0:
                 raise self.fail(Status.OUT_OF_BOUNDS,
@@ -177,12 +210,14 @@ class _Checker:
                                 f"{'writable' if w else 'readable'} "
                                 "mapping of the context")
             addr = pa
-        if not self.env.memory.contains(addr, size) and not (
-                BREAKS and "cmd/skip-partition-check" in BREAKS):
+        mem = env.memory
+        if 0 <= addr and 0 <= size and addr + size <= mem.size:  # DeviceMemory.contains
+            return mem.data[addr:addr + size]                   # its bytes_view, checked
+        if not (BREAKS and "cmd/skip-partition-check" in BREAKS):
             raise self.fail(Status.OUT_OF_BOUNDS,
                             f"{what} [{addr:#x}, +{size:#x}) outside device memory "
-                            f"({self.env.memory.size:#x})")
-        return self.env.memory.bytes_view(addr, size)
+                            f"({mem.size:#x})")
+        return mem.bytes_view(addr, size)  # raises ValueError
 
     def host(self, iova: int, size: int, what: str) -> None:
         if iova + size > _U64:
@@ -205,7 +240,10 @@ def decode(buf: bytes, env: DecodeEnv) -> list[Command]:
     """Validate a whole command buffer, every callee included; raises CommandError for
     the first bad command (a callee's error carries the offset of the top-level CALL)."""
     budget = _Budget(len(buf), isa.CALL_EXPANSION_FACTOR * env.config.max_cmdbuf_size)
-    return _decode(buf, env, 0, budget)
+    memo = None
+    if env.cache is not None and type(buf) is bytes and not BREAKS:
+        memo = env.cache.entries(env)
+    return _decode(buf, env, 0, budget, memo)
 
 
 # A run of NOPs is found a power-of-two block of minimal NOPs (header only, no flags) at
@@ -256,7 +294,8 @@ def _nop_commands(cost: int, pos: int, k: int) -> list[Command]:
     return out
 
 
-def _decode(buf: bytes, env: DecodeEnv, depth: int, budget: _Budget) -> list[Command]:
+def _decode(buf: bytes, env: DecodeEnv, depth: int, budget: _Budget,
+            memo: dict[tuple[int, bytes], Command] | None = None) -> list[Command]:
     cmds: list[Command] = []
     pos = 0
     end = len(buf)
@@ -266,7 +305,7 @@ def _decode(buf: bytes, env: DecodeEnv, depth: int, budget: _Budget) -> list[Com
     hdr, align = _HDR_SIZE, isa.ALIGN
     while pos < end:
         # Fast paths for runs of valid NOPs: exactly what OPS[NOP].resolve would build.
-        k = _nop_run(buf, pos)
+        k = _nop_run(buf, pos) if buf.startswith(_MIN_NOP, pos) else 0
         if k:
             cmds.extend(_nop_commands(nop_cost, pos, k))
             pos += k * _HDR_SIZE
@@ -279,6 +318,19 @@ def _decode(buf: bytes, env: DecodeEnv, depth: int, budget: _Budget) -> list[Com
             pos += length
         if pos >= end:
             break
+        if memo is not None and end - pos >= hdr:
+            # The same bytes at the same offset passed every check below in this same
+            # environment (a shorter, truncated slice cannot equal a kept command's bytes).
+            length = unpack(buf, pos)[2]
+            key = (pos, buf[pos:pos + length])
+            hit = memo.get(key)
+            if hit is not None:
+                recheck = _KEPT[hit.opcode]
+                if recheck is not None:
+                    recheck(_Checker(env, pos, depth, budget), hit)
+                append(hit)
+                pos += length
+                continue
         ck = _Checker(env, pos, depth, budget)
         if end - pos < _HDR_SIZE:
             raise ck.fail(Status.TRUNCATED, "no room for a header")
@@ -293,6 +345,8 @@ def _decode(buf: bytes, env: DecodeEnv, depth: int, budget: _Budget) -> list[Com
             raise ck.fail(Status.BAD_LENGTH, f"length {length} for {opcode.name}")
         payload = struct.unpack_from(_PAYLOAD_FMT[opcode], buf, pos + _HDR_SIZE)
         resolve(ck, opcode, flags, payload, cmds)
+        if memo is not None and opcode in _KEPT:
+            memo[(pos, buf[pos:pos + length])] = cmds[-1]
         pos += length
     return cmds
 
@@ -338,6 +392,14 @@ def _resolve_dma_h2d(ck: _Checker, flags: int, p: tuple) -> Command:  # type: ig
     return Command(Opcode.DMA_H2D, ck.offset,
                    roofline_ns(cfg.cmd_overhead_ns, nbytes=size, bandwidth=cfg.link_bandwidth),
                    dst=dview, host_addr=src, size=size)
+
+
+def _recheck_h2d(ck: _Checker, cmd: Command) -> None:
+    ck.host(cmd.host_addr, cmd.size, "src")
+
+
+def _recheck_d2h(ck: _Checker, cmd: Command) -> None:
+    ck.host(cmd.host_addr, cmd.size, "dst")
 
 
 def _resolve_dma_d2h(ck: _Checker, flags: int, p: tuple) -> Command:  # type: ignore[type-arg]
@@ -973,35 +1035,49 @@ class OpSpec:
     polls: bool = False             # the engine polls it until satisfied (WAIT)
     host_writes: bool = False       # writes guest memory, which a guest may poll: the
                                     # engine applies it exactly at its end time, never early
+    device_only: bool = False       # resolves from its bytes, the config, the negotiated
+                                    # features and device memory alone (no host access):
+                                    # a context may keep it resolved (ResolveCache)
+    host_recheck: Callable[[_Checker, Command], None] | None = None
+                                    # a command whose only other checks are of its host
+                                    # range(s), run last: it may be kept resolved too, and
+                                    # this redoes them on every use (the IOMMU may change)
 
 
 OPS: dict[Opcode, OpSpec] = {
     Opcode.NOP: OpSpec(_one(_resolve_nop), ex.no_effect, time_only=True),
-    Opcode.FILL: OpSpec(_one(_resolve_fill), ex.fill),
-    Opcode.DMA_H2D: OpSpec(_one(_resolve_dma_h2d), ex.dma_h2d, host_bytes=_size_host_bytes),
+    Opcode.FILL: OpSpec(_one(_resolve_fill), ex.fill, device_only=True),
+    Opcode.DMA_H2D: OpSpec(_one(_resolve_dma_h2d), ex.dma_h2d, host_bytes=_size_host_bytes,
+                           host_recheck=_recheck_h2d),
     Opcode.DMA_D2H: OpSpec(_one(_resolve_dma_d2h), ex.dma_d2h, host_bytes=_size_host_bytes,
-                           host_writes=True),
-    Opcode.DMA_D2D: OpSpec(_one(_resolve_dma_d2d), ex.bound_kernel),
-    Opcode.COPY: OpSpec(_one(_resolve_copy), ex.bound_kernel),
-    Opcode.GEMM: OpSpec(_one(_resolve_gemm), ex.bound_kernel, checks_flags=True),
-    Opcode.GEMM_BATCHED: OpSpec(_one(_resolve_gemm_batched), ex.bound_kernel,
+                           host_writes=True, host_recheck=_recheck_d2h),
+    Opcode.DMA_D2D: OpSpec(_one(_resolve_dma_d2d), ex.bound_kernel, device_only=True),
+    Opcode.COPY: OpSpec(_one(_resolve_copy), ex.bound_kernel, device_only=True),
+    Opcode.GEMM: OpSpec(_one(_resolve_gemm), ex.bound_kernel, checks_flags=True,
+                        device_only=True),
+    Opcode.GEMM_BATCHED: OpSpec(_one(_resolve_gemm_batched), ex.bound_kernel, device_only=True,
                                 checks_flags=True),
-    Opcode.ELEMENTWISE: OpSpec(_one(_resolve_elementwise), ex.bound_kernel, checks_flags=True),
-    Opcode.GATHER: OpSpec(_one(_resolve_gather), ex.bound_kernel),
-    Opcode.COMPARE: OpSpec(_one(_resolve_compare), ex.bound_kernel, checks_flags=True),
-    Opcode.SELECT: OpSpec(_one(_resolve_select), ex.bound_kernel),
-    Opcode.CONV2D: OpSpec(_one(_resolve_conv2d), ex.bound_kernel, checks_flags=True),
-    Opcode.POOL2D: OpSpec(_one(_resolve_pool2d), ex.bound_kernel, checks_flags=True),
-    Opcode.SOFTMAX: OpSpec(_one(_resolve_softmax), ex.bound_kernel),
-    Opcode.LAYERNORM: OpSpec(_one(_resolve_layernorm), ex.bound_kernel),
-    Opcode.REDUCE: OpSpec(_one(_resolve_reduce), ex.bound_kernel),
+    Opcode.ELEMENTWISE: OpSpec(_one(_resolve_elementwise), ex.bound_kernel, checks_flags=True,
+                               device_only=True),
+    Opcode.GATHER: OpSpec(_one(_resolve_gather), ex.bound_kernel, device_only=True),
+    Opcode.COMPARE: OpSpec(_one(_resolve_compare), ex.bound_kernel, checks_flags=True,
+                           device_only=True),
+    Opcode.SELECT: OpSpec(_one(_resolve_select), ex.bound_kernel, device_only=True),
+    Opcode.CONV2D: OpSpec(_one(_resolve_conv2d), ex.bound_kernel, checks_flags=True,
+                          device_only=True),
+    Opcode.POOL2D: OpSpec(_one(_resolve_pool2d), ex.bound_kernel, checks_flags=True,
+                          device_only=True),
+    Opcode.SOFTMAX: OpSpec(_one(_resolve_softmax), ex.bound_kernel, device_only=True),
+    Opcode.LAYERNORM: OpSpec(_one(_resolve_layernorm), ex.bound_kernel, device_only=True),
+    Opcode.REDUCE: OpSpec(_one(_resolve_reduce), ex.bound_kernel, device_only=True),
     Opcode.QUANTIZE: OpSpec(_one(lambda ck, f, p: _resolve_quant(ck, Opcode.QUANTIZE, p)),
-                            ex.bound_kernel),
+                            ex.bound_kernel, device_only=True),
     Opcode.DEQUANTIZE: OpSpec(_one(lambda ck, f, p: _resolve_quant(ck, Opcode.DEQUANTIZE, p)),
-                              ex.bound_kernel),
-    Opcode.QUANTIZE_DYNAMIC: OpSpec(_one(_resolve_quant_dynamic), ex.bound_kernel),
+                              ex.bound_kernel, device_only=True),
+    Opcode.QUANTIZE_DYNAMIC: OpSpec(_one(_resolve_quant_dynamic), ex.bound_kernel,
+                                    device_only=True),
     Opcode.DEQUANTIZE_DYNAMIC: OpSpec(_one(_resolve_dequant_dynamic), ex.bound_kernel,
-                                      checks_flags=True),
+                                      checks_flags=True, device_only=True),
     Opcode.SIGNAL: OpSpec(_one(_resolve_fence(Opcode.SIGNAL)), ex.signal,
                           host_bytes=_u64_host_bytes, host_writes=True),
     Opcode.TIMESTAMP: OpSpec(_one(_resolve_timestamp), ex.timestamp,
@@ -1009,3 +1085,8 @@ OPS: dict[Opcode, OpSpec] = {
     Opcode.WAIT: OpSpec(_one(_resolve_fence(Opcode.WAIT)), ex.no_effect, polls=True),
     Opcode.CALL: OpSpec(_resolve_call, ex.no_effect, host_bytes=_size_host_bytes),
 }
+
+# What a ResolveCache may keep: opcode -> the host checks to redo on each use (or None).
+_KEPT: dict[Opcode, Callable[[_Checker, Command], None] | None] = {
+    op: spec.host_recheck for op, spec in OPS.items()
+    if spec.device_only or spec.host_recheck is not None}

@@ -23,7 +23,7 @@ from ..virtio.device import VirtioDevice, VirtioInterrupt
 from ..virtio.ring import DescriptorChain, DeviceRing, RingError
 from ..virtio.ring_factory import RING_FEATURES
 from ..virtio.status import TRANSPORT_FEATURES
-from .commands import Command, CommandError, DecodeEnv, decode
+from .commands import Command, CommandError, DecodeEnv, ResolveCache, decode
 from .config import DEFAULT_VIRTIO_FEATURES, Va1Config
 from .aspace import AddressSpace
 from .engine import CommandProcessor, Submission
@@ -57,6 +57,7 @@ class Context:
     faulted: bool = False
     flat: bool = False
     aspace: AddressSpace = field(default_factory=AddressSpace)
+    resolved: ResolveCache = field(default_factory=ResolveCache)
 
 
 class Va1Device(VirtioDevice):
@@ -460,7 +461,7 @@ class Va1Device(VirtioDevice):
         acked = self.acked_features
         env = DecodeEnv(self.config, self.memory, self.dma, bool(acked >> va1.F_FP16 & 1),
                         bool(acked >> va1.F_TIMESTAMP & 1), int8=bool(acked >> va1.F_INT8 & 1),
-                        aspace=None if ctx.flat else ctx.aspace)
+                        aspace=None if ctx.flat else ctx.aspace, cache=ctx.resolved)
         try:
             return Status.OK, NO_OFFSET, decode(buf, env)
         except CommandError as e:

@@ -13,6 +13,7 @@ import numpy as np
 
 _PAGE = mmap.PAGESIZE
 _HUGE_MIN = 64 << 20  # device memories at least this big ask for transparent huge pages
+_SKEW = 2048  # where a function's own memory starts in its mapping (DeviceMemory)
 
 
 class CardMemory:
@@ -59,7 +60,14 @@ class DeviceMemory:
     def __init__(self, size: int, data: np.ndarray | None = None, base: int = 0) -> None:
         self.size = size
         self.base = base
-        self.data = data if data is not None else np.zeros(size, dtype=np.uint8)
+        if data is None:
+            # Its own memory (no card): lazily zeroed like the card's, starting half a
+            # page into it. Host placement only, for copies to and from (page-aligned)
+            # guest RAM: 16 bytes into a page (where a malloc'ed array starts) a 128 KiB
+            # upload aliases every 4 KiB and takes 45 us instead of 3; at the same offset
+            # as the guest pages, 64 MiB copies run about 5 % slower than half a page off.
+            data = CardMemory(size + _SKEW).data[_SKEW:]
+        self.data = data
 
     def contains(self, addr: int, length: int) -> bool:
         """Is [addr, addr+length) inside memory? (Python ints: no overflow.)"""

@@ -49,6 +49,17 @@ _LENGTHS = {o: isa.command_length(o) for o in isa.Opcode}
 _HDR = struct.Struct(isa.HEADER.format)
 _PAYLOAD = {op: struct.Struct(lay.format) for op, lay in isa.PAYLOAD.items()}
 _CALL_PATCH = isa.HEADER.size + isa.PAYLOAD[isa.Opcode.CALL].offsets["addr"]
+# HOST_OPERANDS by payload position: op -> (payload struct, field names, ((address
+# index, size index or -1, fixed size, address field, what it does), ...)).
+_HOST_FIELDS: dict[isa.Opcode, tuple[struct.Struct, tuple[str, ...],
+                                      tuple[tuple[int, int, int, str, str], ...]]] = {
+    op: (_PAYLOAD[op], isa.PAYLOAD[op].names, tuple(
+        (isa.PAYLOAD[op].names.index(a),
+         isa.PAYLOAD[op].names.index(sz) if isinstance(sz, str) else -1,
+         sz if isinstance(sz, int) else 0, a, how)
+        for a, sz, how in operands))
+    for op, operands in HOST_OPERANDS.items()
+}
 # Blocks of 1, 2, 4 ... header-only NOPs without flags: a run of them is skipped a block
 # at a time (they have no operands).
 _BARE_NOP = _HDR.pack(_NOP_V, 0, isa.HEADER.size)
@@ -165,28 +176,30 @@ class _Walk(Generic[T]):
                 return False                                    # BAD_LENGTH
             if pos + length > end:
                 return False                                    # TRUNCATED
-            operands = HOST_OPERANDS.get(op)
-            if operands is not None:
-                values = dict(zip(isa.PAYLOAD[op].names,
-                                  _PAYLOAD[op].unpack_from(buf, pos + isa.HEADER.size)))
-                for addr_f, size_f, how in operands:
-                    size = values[size_f] if isinstance(size_f, str) else size_f
-                    self._check(path + (pos,), op, addr_f, values[addr_f], size, how)
-                if op == isa.Opcode.CALL and not self._call(index, pos, flags, values,
-                                                            depth, path + (pos,)):
+            host = _HOST_FIELDS.get(op)
+            if host is not None:
+                st, names, operands = host
+                p = st.unpack_from(buf, pos + hdr)
+                for ai, si, fixed, addr_f, how in operands:
+                    self._check(path, pos, op, addr_f, p[ai], p[si] if si >= 0 else fixed,
+                                how)
+                if op == isa.Opcode.CALL and not self._call(index, pos, flags,
+                                                            dict(zip(names, p)), depth,
+                                                            path + (pos,)):
                     return False
             pos += length
         return True
 
-    def _check(self, path: tuple[int, ...], op: isa.Opcode, name: str, addr: int,
+    def _check(self, path: tuple[int, ...], pos: int, op: isa.Opcode, name: str, addr: int,
                size: int, how: str) -> None:
+        """The host range of the command at `pos` (`path`: the CALLs above it)."""
         if size == 0:
             return  # BAD_SHAPE on the device: no byte is accessed
         bo = self.owner(addr, size)
         if bo is None:
-            raise VA1Error(errno.EFAULT, f"SUBMIT: {_where(path)} ({op.name}) {how}s host "
-                                         f"range [{addr:#x}, +{size:#x}) ({name}), which "
-                                         "is not inside a HOST buffer of this file")
+            raise VA1Error(errno.EFAULT, f"SUBMIT: {_where(path + (pos,))} ({op.name}) {how}s "
+                                         f"host range [{addr:#x}, +{size:#x}) ({name}), "
+                                         "which is not inside a HOST buffer of this file")
         if id(bo) not in self._seen:
             self._seen.add(id(bo))
             self.used.append(bo)

@@ -11,7 +11,7 @@ import struct
 
 import numpy as np
 import pytest
-from dm_driver import Rig, gemm, nop, signal
+from dm_driver import Rig, d2h, gemm, h2d, nop, signal
 
 from device_model import Va1Config
 from device_model.va1 import commands as C
@@ -189,3 +189,101 @@ def test_big_last_command_is_applied_at_its_end_with_the_completion() -> None:
     link = -(-size * 10**9 // cfg.link_bandwidth)
     mem = -(-4 * 10**9 // cfg.mem_bandwidth)
     assert r.end_ns - r.start_ns == 2 * cfg.cmd_overhead_ns + link + mem
+
+
+def _ctx_env(aspace: object, cache: C.ResolveCache, fp16: bool = True,
+             memory: DeviceMemory | None = None) -> C.DecodeEnv:
+    return C.DecodeEnv(config=_CFG, memory=memory or _MEM, dma=None,  # type: ignore[arg-type]
+                       fp16=fp16, timestamp=True, aspace=aspace,  # type: ignore[arg-type]
+                       cache=cache)
+
+
+_MEM = DeviceMemory(1 << 16)
+_CFG = Va1Config(device_memory_size=1 << 16)
+
+
+def test_resolve_cache_serves_the_same_bytes_and_forgets_on_a_mapping_change() -> None:
+    """A context's resolved device-only commands are reused for the same bytes at the
+    same offset, and dropped when its mappings change: the same GEMM then fails."""
+    from device_model.va1.aspace import AddressSpace
+    from hwspec import va1
+    aspace = AddressSpace()
+    rw = va1.CTX_MAP_READ | va1.CTX_MAP_WRITE
+    assert aspace.map(0x10000, 0, 0x4000, rw, 1 << 16) == Status.OK
+    cache = C.ResolveCache()
+    buf = nop() + gemm(4, 4, 4, 0x10000, 0x10100, 0x10200, act=int(Activation.RELU))
+    first = C.decode(buf, _ctx_env(aspace, cache))
+    again = C.decode(buf, _ctx_env(aspace, cache))
+    assert again[1] is first[1] and len(cache) == 1
+    uncached = C.decode(buf, C.DecodeEnv(*_ctx_env(aspace, cache)[:7]))
+    assert uncached[1] is not first[1]
+    assert (uncached[1].cost_ns, uncached[1].extra) == (first[1].cost_ns, first[1].extra)
+    # other bytes at the same offset, or the same bytes at another offset: resolved anew
+    other = C.decode(nop() + gemm(4, 4, 2, 0x10000, 0x10100, 0x10200), _ctx_env(aspace, cache))
+    moved = C.decode(nop() * 2 + buf[8:], _ctx_env(aspace, cache))
+    assert other[1].extra["k"] == 2 and moved[2].offset == 16 and len(cache) == 3
+    # unmap: the same bytes no longer resolve
+    assert aspace.unmap(0x10000, 0x4000) == Status.OK
+    with pytest.raises(C.CommandError) as ei:
+        C.decode(buf, _ctx_env(aspace, cache))
+    assert (ei.value.status, ei.value.offset) == (Status.OUT_OF_BOUNDS, 8)
+    assert len(cache) == 0
+    # mapped again read-only: C is written, so the GEMM fails (not the stale entry)
+    assert aspace.map(0x10000, 0, 0x4000, va1.CTX_MAP_READ, 1 << 16) == Status.OK
+    with pytest.raises(C.CommandError) as ei:
+        C.decode(buf, _ctx_env(aspace, cache))
+    assert ei.value.status == Status.OUT_OF_BOUNDS and "writable" in ei.value.message
+
+
+def test_resolve_cache_forgets_on_other_features_or_memory() -> None:
+    """Negotiated features and device memory are part of what a command resolves from:
+    an F16 GEMM cached with VA1_F_FP16 fails once it is not negotiated."""
+    from hwspec.isa import DType
+    cache = C.ResolveCache()
+    buf = gemm(2, 2, 2, 0, 0x100, 0x200, dtype=int(DType.F16))
+    first = C.decode(buf, _ctx_env(None, cache))
+    with pytest.raises(C.CommandError) as ei:
+        C.decode(buf, _ctx_env(None, cache, fp16=False))
+    assert ei.value.status == Status.BAD_DTYPE
+    other = DeviceMemory(1 << 16)
+    got = C.decode(buf, _ctx_env(None, cache, memory=other))
+    assert got[0] is not first[0] and np.shares_memory(got[0].c, other.data)
+    assert C.decode(buf, _ctx_env(None, cache, memory=other))[0] is got[0]
+    # another config object (a VF reconfigured): resolved anew
+    env = _ctx_env(None, cache, memory=other)._replace(
+        config=Va1Config(device_memory_size=1 << 16))
+    assert C.decode(buf, env)[0] is not got[0]
+
+
+class _Window:
+    """A DMA port that maps IOVAs [0, limit): a narrower limit is an IOMMU unmap."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+
+    def view(self, iova: int, size: int) -> np.ndarray:
+        from device_model.ports import DmaFault
+        if iova + size > self.limit:
+            raise DmaFault(iova, size, False, "not mapped")
+        return np.zeros(size, np.uint8)
+
+
+def test_kept_dmas_check_their_host_range_on_every_use() -> None:
+    """DMAs are kept resolved for their device side only: a host range unmapped since
+    fails the same bytes DMA_FAULT, at the same offset, as a fresh decode does."""
+    cache = C.ResolveCache()
+    port = _Window(0x2000)
+    env = _ctx_env(None, cache)._replace(dma=port)
+    buf = nop() + h2d(0x1000, 0x100, 0x100) + d2h(0x100, 0x1800, 0x100)
+    first = C.decode(buf, env)
+    assert C.decode(buf, env)[1:] == first[1:] and C.decode(buf, env)[1] is first[1]
+    port.limit = 0x1880
+    for e in (env, env._replace(cache=None)):
+        with pytest.raises(C.CommandError) as ei:
+            C.decode(buf, e)
+        assert (ei.value.status, ei.value.offset) == (Status.DMA_FAULT, 40)
+    port.limit = 0x1000
+    with pytest.raises(C.CommandError) as ei:
+        C.decode(buf, env)
+    assert (ei.value.status, ei.value.offset) == (Status.DMA_FAULT, 8)
+    assert "src" in ei.value.message

@@ -87,6 +87,31 @@ def test_non_contiguous_pinned_view_goes_through_staging() -> None:
     np.testing.assert_array_equal(got, np.arange(16, dtype=np.float32).reshape(4, 4).T)
 
 
+def test_freed_pinned_array_is_no_longer_pinned() -> None:
+    """Uploads look pinned arrays up by identity: free_host must drop that entry, so
+    the freed array (still alive in the caller) goes through staging from then on."""
+    def program(os_: uapi.GuestOS) -> tuple[Any, Any, Any]:
+        with Device(os_) as dev:
+            ctx = dev.create_context()
+            s = ctx.create_stream()
+            p = dev.alloc_host((4, 4))
+            p[...] = 3.0
+            before = dev._pinned_iova(p)
+            dev.free_host(p)
+            after = dev._pinned_iova(p)
+            b = ctx.alloc((4, 4))
+            allocs: list[int] = []
+            real_alloc = s._staging.alloc
+            s._staging.alloc = lambda n, seq: allocs.append(n) or real_alloc(n, seq)  # type: ignore[method-assign]
+            s.upload(b, p)
+            s._staging.alloc = real_alloc  # type: ignore[method-assign]
+            s.synchronize()
+            return before, after, allocs
+    before, after, allocs = run_guest(program)
+    assert before is not None and after is None
+    assert allocs == [64]
+
+
 def test_download_into_pinned_out_is_one_dma_without_staging() -> None:
     x = np.random.default_rng(3).standard_normal((8, 16), dtype=np.float32)
 
