@@ -211,8 +211,9 @@ class _Checker:
                                 "mapping of the context")
             addr = pa
         mem = env.memory
-        if 0 <= addr and 0 <= size and addr + size <= mem.size:  # DeviceMemory.contains
-            return mem.data[addr:addr + size]                   # its bytes_view, checked
+        view = mem.view_in(addr, size)
+        if view is not None:
+            return view
         if not (BREAKS and "cmd/skip-partition-check" in BREAKS):
             raise self.fail(Status.OUT_OF_BOUNDS,
                             f"{what} [{addr:#x}, +{size:#x}) outside device memory "

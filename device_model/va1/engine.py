@@ -232,8 +232,6 @@ class CommandProcessor:
     def enqueue(self, sub: Submission) -> None:
         if not self.fs.running and not self.has_work():
             self.sched.became_active(self.fs)  # type: ignore[union-attr]
-        else:
-            self.sched.mark_active(self.fs)  # type: ignore[union-attr]
         self.pending[self.queues.index(sub.queue)].append(sub)
 
     def take_queued(self, context_id: int) -> list[Submission]:

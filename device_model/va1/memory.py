@@ -73,11 +73,19 @@ class DeviceMemory:
         """Is [addr, addr+length) inside memory? (Python ints: no overflow.)"""
         return 0 <= addr and 0 <= length and addr + length <= self.size
 
+    def view_in(self, addr: int, length: int) -> np.ndarray | None:
+        """Zero-copy uint8 view of [addr, addr+length), or None when it is not inside
+        memory (`contains`, inlined: the decode path checks and views every operand)."""
+        if 0 <= addr and 0 <= length and addr + length <= self.size:
+            return self.data[addr:addr + length]
+        return None
+
     def bytes_view(self, addr: int, length: int) -> np.ndarray:
         """Zero-copy uint8 view; raises ValueError when out of range."""
-        if not self.contains(addr, length):
+        view = self.view_in(addr, length)
+        if view is None:
             raise ValueError(f"device range {addr:#x}+{length:#x} outside {self.size:#x}")
-        return self.data[addr:addr + length]
+        return view
 
     def typed_view(self, addr: int, dtype: str | np.dtype, shape: tuple[int, ...]) -> np.ndarray:
         """Zero-copy view of `shape` elements of `dtype` (may be unaligned)."""

@@ -102,13 +102,10 @@ class Scheduler:
                                           if f is not exclude), default=0.0))
 
     def became_active(self, fs: FunctionSched) -> None:
-        """`fs` may have had no work and now has some: do not let it bank idle time.
-        Every path that gives a function work calls this (or `mark_active`)."""
+        """`fs` had no work and now has some: do not let it bank idle time. Every path
+        that gives an idle function work calls this, so a function with work or runs is
+        always in the active set (`_pick` drops only idle ones)."""
         fs.vt = max(fs.vt, self.min_active_vt(fs))
-        self._active[fs.index] = fs
-
-    def mark_active(self, fs: FunctionSched) -> None:
-        """`fs` has work now and was already active (its virtual time stays)."""
         self._active[fs.index] = fs
 
     def competitor_waiting(self, fs: FunctionSched, quantum_expired: bool) -> bool:
