@@ -276,3 +276,32 @@ def test_resnet18_row_without_onnxruntime_says_so(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(cases, "_ort_session", lambda model, threads: None)
     row = cases.resnet18(Sizes.smoke())
     assert row.value is None and not row.met and "onnxruntime is not installed" in row.note
+
+
+def test_null_round_trip_runs_its_bare_ring_loops_between_the_stack_round_trips(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Row d's baseline is measured in the same seconds as the stack, not after it: a
+    machine that changes speed during the row moves both sides."""
+    from virtaccel.bench import cases
+    import userspace_runtime as rt
+
+    events: list[str] = []
+    real_trip, real_sync = cases.bare.round_trip, rt.Stream.synchronize
+
+    def trip(ring: BareRing) -> None:
+        if not events or events[-1] != "ring":
+            events.append("ring")
+        real_trip(ring)
+
+    def sync(self: rt.Stream) -> None:
+        events.append("stack")
+        real_sync(self)
+
+    monkeypatch.setattr(cases.bare, "round_trip", trip)
+    monkeypatch.setattr(rt.Stream, "synchronize", sync)
+    sz = Sizes(null_reps=12, ring_loops=4, ring_loop_len=5)
+    row = cases.null_round_trip(sz)
+    assert row.spread["baseline"]["n"] == 4 and row.spread["value"]["n"] == 12
+    timed = events[3:]   # after the three warm-up round trips
+    assert timed.count("ring") == 4 and timed.count("stack") == 12
+    assert timed == ["ring", "stack", "stack", "stack"] * 4
