@@ -45,6 +45,23 @@ _ENCODING: dict[Opcode, tuple[struct.Struct, int, tuple[str, ...]]] = {
 }
 
 
+def _wire_order(opcode: Opcode, keys: tuple[str, ...]) -> Callable[[tuple[Any, ...]], Any]:
+    """A getter that takes a tuple of the values of `keys` followed by one 0 and returns
+    them in `opcode`'s wire order (the 0 for every payload field not in `keys`): the hot
+    appends pack by position, still placed by the hwspec layout's field names."""
+    names = _ENCODING[opcode][2]
+    unknown = set(keys) - set(names)
+    if unknown:
+        raise AssertionError(f"{opcode.name} has no fields {sorted(unknown)}")
+    return operator.itemgetter(*[keys.index(n) if n in keys else len(keys) for n in names])
+
+
+_DMA_ORDER = {op: _wire_order(op, ("src", "dst", "size"))
+              for op in (Opcode.DMA_H2D, Opcode.DMA_D2H, Opcode.DMA_D2D)}
+_GEMM_ORDER = _wire_order(Opcode.GEMM, ("dtype", "activation", "m", "n", "k", "a", "b", "c",
+                                        "bias", "alpha", "beta"))
+
+
 # A command's name, or a function that makes it: names are read only for errors and
 # disassembly, so a stream hands over the function and the hot path formats nothing.
 Name = Union[str, Callable[[], str]]
@@ -138,10 +155,21 @@ def check_f32(value: Any, what: str) -> float:
     return v
 
 
+# Each operation enum by its exact member names, upper and lower case (what callers
+# write); other spellings go through `str.upper`.
+_ENUM_NAMES: dict[type[Any], dict[str, Any]] = {
+    e: {**{m.name.lower(): m for m in e}, **{m.name: m for m in e}}
+    for e in (Activation, EltOp, CmpOp, ReduceOp, PoolOp)
+}
+
+
 def _enum(enum: type[Any], value: Any, what: str) -> Any:
     if type(value) is enum:
         return value
     if isinstance(value, str):
+        hit = _ENUM_NAMES[enum].get(value)
+        if hit is not None:
+            return hit
         try:
             return enum[value.upper()]
         except KeyError:
@@ -351,12 +379,17 @@ class CommandBufferBuilder:
 
     def _emit(self, opcode: Opcode, flags: int, fields: Mapping[str, int | float],
               name: Name) -> int:
-        st, length, names = _ENCODING[opcode]
+        names = _ENCODING[opcode][2]
+        return self._emit_wire(opcode, flags, [fields.get(n, 0) for n in names], name)
+
+    def _emit_wire(self, opcode: Opcode, flags: int, values: Any, name: Name) -> int:
+        """Append one checked command whose payload `values` are in wire order."""
+        st, length, _ = _ENCODING[opcode]
         data = self._data
         offset = len(data)
         if self.max_size is not None and offset + length > self.max_size:
             self._reserve(length)
-        data += st.pack(opcode, flags, length, *[fields.get(n, 0) for n in names])
+        data += st.pack(opcode, flags, length, *values)
         self._cmd_rows.append((opcode, length, name))
         self._offsets.append(offset)
         return offset
@@ -395,7 +428,7 @@ class CommandBufferBuilder:
                 and type(size) is int and src >= 0 and dst >= 0 and size >= 1
                 and src + size - 1 <= U64_MAX and dst + size - 1 <= U64_MAX):
             # Plain in-range ints (what a Stream passes): the checks below would all pass.
-            return self._emit(opcode, 0, {"src": src, "dst": dst, "size": size}, name)
+            return self._emit_wire(opcode, 0, _DMA_ORDER[opcode]((src, dst, size, 0)), name)
         what = opcode.name
         src = _addr(src, f"{what} src")
         dst = _addr(dst, f"{what} dst")
@@ -428,6 +461,25 @@ class CommandBufferBuilder:
              activation: Activation | int | str | None = None,
              name: Name | None = None) -> int:
         """C = act(alpha * op(A) @ op(B) + beta * C + bias), all at device addresses."""
+        if (type(dtype) is DType and dtype in COMPUTE_DTYPES and type(activation) is Activation
+                and name is not None and type(m) is int and type(n) is int and type(k) is int
+                and type(a) is int and type(b) is int and type(c) is int
+                and (bias is None or type(bias) is int)
+                and type(alpha) is float and type(beta) is float
+                and 0 < m <= U32_MAX and 0 < n <= U32_MAX and 0 < k <= U32_MAX
+                and -_F32_MAX <= alpha <= _F32_MAX and -_F32_MAX <= beta <= _F32_MAX):
+            # What a Stream passes (a float dtype, plain ints and floats in range): only
+            # the address ranges are left to check, as below.
+            es = isa.DTYPE_SIZE[dtype]
+            if (a >= 0 and b >= 0 and c >= 0 and a + m * k * es - 1 <= U64_MAX
+                    and b + k * n * es - 1 <= U64_MAX and c + m * n * es - 1 <= U64_MAX
+                    and (bias is None or 0 <= bias <= U64_MAX - n * es + 1)):
+                flags = ((isa.GEMM_TRANS_A if trans_a else 0)
+                         | (isa.GEMM_TRANS_B if trans_b else 0)
+                         | (0 if bias is None else isa.GEMM_BIAS))
+                return self._emit_wire(Opcode.GEMM, flags, _GEMM_ORDER(
+                    (dtype, activation, m, n, k, a, b, c, 0 if bias is None else bias,
+                     alpha, beta, 0)), name)
         dt = as_dtype(dtype)
         if dt not in GEMM_DTYPES:
             raise ValueError(f"GEMM dtype {dt.name} is not supported (only F32, F16, I8)")

@@ -8,7 +8,6 @@ Blocks are mapped once (zero-copy numpy views) and freed only when the stream go
 from __future__ import annotations
 
 import errno
-from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -27,24 +26,34 @@ def _round_up(n: int, to: int) -> int:
     return (n + to - 1) // to * to
 
 
-@dataclass(eq=False)
 class StagingBlock:
-    handle: int
-    iova: int
-    size: int
-    view: np.ndarray       # uint8, length `size`
-    used: int = 0          # bump pointer
-    last_seq: int = -1     # last submission that uses this block
+    """One mapped HOST buffer of a pool."""
+
+    __slots__ = ("handle", "iova", "size", "view", "mem", "used", "last_seq")
+
+    def __init__(self, handle: int, iova: int, size: int, view: np.ndarray) -> None:
+        self.handle = handle
+        self.iova = iova
+        self.size = size
+        self.view = view             # uint8, length `size`
+        self.mem = view.data         # the same bytes as a memoryview (cheap to slice)
+        self.used = 0                # bump pointer
+        self.last_seq = -1           # last submission that uses this block
 
     def region(self, offset: int, nbytes: int) -> np.ndarray:
         return self.view[offset:offset + nbytes]
 
 
-@dataclass(frozen=True)
 class Region:
-    block: StagingBlock
-    offset: int
-    nbytes: int
+    """`nbytes` bytes at `offset` in a staging block (made once per upload, download or
+    submission: a plain slotted object, cheap to build)."""
+
+    __slots__ = ("block", "offset", "nbytes")
+
+    def __init__(self, block: StagingBlock, offset: int, nbytes: int) -> None:
+        self.block = block
+        self.offset = offset
+        self.nbytes = nbytes
 
     @property
     def iova(self) -> int:
@@ -57,6 +66,13 @@ class Region:
     def array(self) -> np.ndarray:
         """Zero-copy uint8 view of this region."""
         return self.block.region(self.offset, self.nbytes)
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        """Copy `data` (exactly `nbytes` bytes) into the region: one memcpy."""
+        self.block.mem[self.offset:self.offset + self.nbytes] = data
+
+    def __repr__(self) -> str:
+        return f"<Region handle={self.block.handle} offset={self.offset} nbytes={self.nbytes}>"
 
 
 class StagingPool:
@@ -80,8 +96,13 @@ class StagingPool:
         # 1. the tail of the block in use; 2. an idle block, from its start; 3. the tail
         # of any busy block; 4. ask the driver what finished, then 2 again; 5. a new block.
         cur = self._current
-        if cur is not None and self._fits(cur, nbytes):
-            return self._take(cur, _round_up(cur.used, ALIGN), nbytes, seq)
+        if cur is not None:
+            start = (cur.used + ALIGN - 1) // ALIGN * ALIGN
+            if start + nbytes <= cur.size:  # _fits and _take, inline: the common case
+                cur.used = start + nbytes
+                if cur.last_seq < seq:
+                    cur.last_seq = seq
+                return Region(cur, start, nbytes)
         block = self._find_idle(nbytes)
         if block is None:
             tail = next((b for b in self.blocks if self._fits(b, nbytes)), None)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os as _os
 import sys
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Collection, Iterable
 
 import numpy as np
@@ -29,6 +29,8 @@ from ._staging import Region, StagingPool
 
 _CMD_ALIGN = isa.ALIGN
 _LENGTH = {op: isa.command_length(op) for op in Opcode}
+_DMA_LEN = _LENGTH[Opcode.DMA_H2D]
+_GEMM_LEN = _LENGTH[Opcode.GEMM]
 
 
 def _caller() -> tuple[str, int]:
@@ -48,7 +50,7 @@ def _where(site: tuple[str, int]) -> str:
 SUBMISSION_HISTORY = 1024   # results a Stream keeps (Stream.submissions)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class SubmissionResult:
     """How one submitted command buffer ended, as WAIT reported it."""
 
@@ -62,6 +64,15 @@ class SubmissionResult:
     commands: int
     cmdbuf_size: int
 
+    def __init__(self, seq: int, fence_seq: int | None, queue: int, status: int,
+                 error_offset: int | None, start_ns: int, end_ns: int, commands: int,
+                 cmdbuf_size: int) -> None:
+        # One dict update, not the generated frozen __init__'s object.__setattr__ per
+        # field: a stream makes one of these per submission.
+        self.__dict__.update(seq=seq, fence_seq=fence_seq, queue=queue, status=status,
+                             error_offset=error_offset, start_ns=start_ns, end_ns=end_ns,
+                             commands=commands, cmdbuf_size=cmdbuf_size)
+
     @property
     def ok(self) -> bool:
         return self.status == va1.Status.OK
@@ -71,14 +82,18 @@ class SubmissionResult:
         return max(0, self.end_ns - self.start_ns)
 
 
-@dataclass(eq=False)
 class _Chunk:
-    seq: int
-    builder: CommandBufferBuilder
-    handles: dict[int, None] = field(default_factory=dict)   # ordered set
-    downloads: list[Pending] = field(default_factory=list)
-    fence: int | None = None
-    submit_error: BaseException | None = None
+    """One command buffer of a stream: open, then in flight until retired."""
+
+    __slots__ = ("seq", "builder", "handles", "downloads", "fence", "submit_error")
+
+    def __init__(self, seq: int, builder: CommandBufferBuilder) -> None:
+        self.seq = seq
+        self.builder = builder
+        self.handles: dict[int, None] = {}   # ordered set
+        self.downloads: list[Pending] = []
+        self.fence: int | None = None
+        self.submit_error: BaseException | None = None
 
 
 class Pending:
@@ -87,6 +102,9 @@ class Pending:
     `result()` waits (flushing the stream if needed) and returns the array, or raises
     the error that failed the submission. Data is copied out of staging exactly once.
     """
+
+    __slots__ = ("_stream", "_seq", "_region", "_waiting", "_shape", "_dtype", "_out",
+                 "_array", "_error")
 
     def __init__(self, stream: Stream, seq: int, region: Region | None, shape: tuple[int, ...],
                  dtype: np.dtype[Any], out: np.ndarray | None) -> None:
@@ -182,6 +200,10 @@ class Stream:
         self.context = context
         self.queue = queue
         self._drv = context._drv
+        self._device = context.device
+        # The compute dtypes this device has (its parameters never change once open).
+        self._compute_ok = frozenset(d for d in COMPUTE_DTYPES
+                                     if context.device.supports_dtype(d))
         params = context.device.params
         limit = min(params["max_cmdbuf_size"], 0xFFFF_FFFF)
         self._max_cmdbuf = limit - limit % _CMD_ALIGN
@@ -238,23 +260,27 @@ class Stream:
 
     # -- appending ------------------------------------------------------------------
 
-    def _append(self, opcode: Opcode | None, handles: Collection[int],
+    def _append(self, length: int, handles: Collection[int],
                 emit: Callable[[CommandBufferBuilder], int],
-                regions: Iterable[Region] = (), length: int = 0) -> _Chunk:
+                regions: Iterable[Region] = ()) -> _Chunk:
+        """Emit a command of `length` bytes that uses `handles` into the open chunk,
+        submitting that chunk first if the command or its new handles would not fit."""
         ch = self._open
         used = ch.handles
-        new = len({h: None for h in handles if h not in used})
-        if opcode is not None:
-            length = _LENGTH[opcode]
-        size = ch.builder.size
+        size = len(ch.builder)
         if size and (size + length > self._max_cmdbuf
-                     or len(used) + new > uapi.MAX_SUBMIT_BUFFERS):
+                     or (len(used) + len(handles) > uapi.MAX_SUBMIT_BUFFERS
+                         and len(used) + len({h: None for h in handles if h not in used})
+                         > uapi.MAX_SUBMIT_BUFFERS)):
             self._submit_open()
             ch = self._open
+            used = ch.handles
         emit(ch.builder)
-        ch.handles.update(dict.fromkeys(handles))
+        for h in handles:
+            used[h] = None
         for r in regions:
-            r.block.last_seq = max(r.block.last_seq, ch.seq)
+            if r.block.last_seq < ch.seq:
+                r.block.last_seq = ch.seq
         return ch
 
     def upload(self, buf: Buffer, data: Any) -> None:
@@ -267,28 +293,30 @@ class Stream:
         no staging copy: the DMA_H2D reads the array itself when the stream runs, so
         leave it unmodified until then.
         """
-        self._check("upload")
-        buf = self._buffer(buf, "upload")
-        arr = np.asarray(data)
-        if arr.dtype != buf.dtype:
+        if self.destroyed or self.context.destroyed:
+            self._check("upload")
+        if type(buf) is not Buffer or buf.freed or buf.context is not self.context:
+            buf = self._buffer(buf, "upload")
+        arr = data if type(data) is np.ndarray else np.asarray(data)
+        if arr.dtype is not buf.dtype and arr.dtype != buf.dtype:
             raise TypeError(f"upload: data has dtype {arr.dtype} but the buffer is "
                             f"{buf.dtype}; convert it with .astype(np.{buf.dtype.name})")
         if arr.shape != buf.shape:
             raise ValueError(f"upload: data has shape {arr.shape} but the buffer is {buf.shape}")
-        pinned = self.context.device._pinned_iova(arr)
+        pinned = self._device._pinned_iova(arr)
         if pinned is not None:  # zero copy: one DMA straight out of the pinned array
             handle, iova = pinned
             site = _caller()
             name = lambda: (f"upload pinned {buf.shape} {buf.dtype} -> {buf.addr:#x} "
                             f"({_where(site)})")
-            self._append(Opcode.DMA_H2D, (buf.handle, handle),
+            self._append(_DMA_LEN, (buf.handle, handle),
                          lambda b: b.dma_h2d(iova, buf.addr, buf.nbytes, name=name))
             return
         region = self._staging.alloc(buf.nbytes, self._open.seq)
         np.copyto(region.array().view(buf.dtype).reshape(buf.shape), arr, casting="no")
         site = _caller()
         name = lambda: f"upload {buf.shape} {buf.dtype} -> {buf.addr:#x} ({_where(site)})"
-        self._append(Opcode.DMA_H2D, (buf.handle, region.handle),
+        self._append(_DMA_LEN, (buf.handle, region.handle),
                      lambda b: b.dma_h2d(region.iova, buf.addr, buf.nbytes, name=name),
                      (region,))
 
@@ -300,23 +328,25 @@ class Stream:
         view of it). Then the DMA writes `out` itself, with no staging copy; its contents
         are undefined until the download completes. Otherwise the DMA writes a staging
         region and `result()` copies it out once."""
-        self._check("download")
-        buf = self._buffer(buf, "download")
+        if self.destroyed or self.context.destroyed:
+            self._check("download")
+        if type(buf) is not Buffer or buf.freed or buf.context is not self.context:
+            buf = self._buffer(buf, "download")
         if out is not None:
             if not isinstance(out, np.ndarray):
                 raise TypeError(f"download: out must be a numpy array, got {type(out).__name__}")
-            if out.dtype != buf.dtype or out.shape != buf.shape:
+            if (out.dtype is not buf.dtype and out.dtype != buf.dtype) or out.shape != buf.shape:
                 raise ValueError(f"download: out is {out.shape} {out.dtype} but the buffer is "
                                  f"{buf.shape} {buf.dtype}")
             if not out.flags.writeable:
                 raise ValueError("download: out is read-only")
-            pinned = self.context.device._pinned_iova(out)
+            pinned = self._device._pinned_iova(out)
             if pinned is not None:  # one DMA straight into the pinned array, no staging
                 handle, iova = pinned
                 site = _caller()
                 name = lambda: (f"download pinned {buf.shape} {buf.dtype} <- {buf.addr:#x} "
                                 f"({_where(site)})")
-                ch = self._append(Opcode.DMA_D2H, (buf.handle, handle),
+                ch = self._append(_DMA_LEN, (buf.handle, handle),
                                   lambda b: b.dma_d2h(buf.addr, iova, buf.nbytes, name=name))
                 pending = Pending(self, ch.seq, None, buf.shape, buf.dtype, out)
                 ch.downloads.append(pending)
@@ -325,7 +355,7 @@ class Stream:
         site = _caller()
         name = lambda: (f"download {buf.shape} {buf.dtype} <- {buf.addr:#x} "
                         f"({_where(site)})")
-        ch = self._append(Opcode.DMA_D2H, (buf.handle, region.handle),
+        ch = self._append(_DMA_LEN, (buf.handle, region.handle),
                           lambda b: b.dma_d2h(buf.addr, region.iova, buf.nbytes, name=name),
                           (region,))
         pending = Pending(self, ch.seq, region, buf.shape, buf.dtype, out)
@@ -342,7 +372,7 @@ class Stream:
                              f"{dst.shape} {dst.dtype}: dtype and element count must match")
         site = _caller()
         name = lambda: f"copy {src.addr:#x} -> {dst.addr:#x} ({_where(site)})"
-        self._append(Opcode.DMA_D2D, (dst.handle, src.handle),
+        self._append(_DMA_LEN, (dst.handle, src.handle),
                      lambda b: b.dma_d2d(src.addr, dst.addr, src.nbytes, name=name))
 
     def fill(self, buf: Buffer, value: int | float) -> None:
@@ -365,7 +395,7 @@ class Stream:
         body = buf.nbytes - buf.nbytes % 4
         site = _caller()
         if body:
-            self._append(Opcode.FILL, (buf.handle,),
+            self._append(_LENGTH[Opcode.FILL], (buf.handle,),
                          lambda b: b.fill(buf.addr, body, pattern,
                                           name=lambda: f"fill {buf.shape} {buf.dtype} = "
                                                        f"{value!r} ({_where(site)})"))
@@ -373,7 +403,7 @@ class Stream:
         if tail:
             region = self._staging.alloc(tail, self._open.seq)
             region.array()[:] = np.frombuffer(raw[:tail], np.uint8)
-            self._append(Opcode.DMA_H2D, (buf.handle, region.handle),
+            self._append(_DMA_LEN, (buf.handle, region.handle),
                          lambda b: b.dma_h2d(region.iova, buf.addr + body, tail,
                                              name=lambda: f"fill tail {tail} bytes "
                                                           f"({_where(site)})"),
@@ -387,18 +417,21 @@ class Stream:
         a is m x k (k x m with trans_a), b is k x n (n x k with trans_b), c is m x n and
         bias has n elements; all share one compute dtype (float32 or float16).
         """
-        self._check("gemm")
-        a = self._buffer(a, "gemm a")
-        b = self._buffer(b, "gemm b")
-        c = self._buffer(c, "gemm c")
-        ops = [("a", a), ("b", b), ("c", c)]
-        if bias is not None:
-            bias = self._buffer(bias, "gemm bias")
-            ops.append(("bias", bias))
-        for nm, x in ops[:3]:
-            if len(x.shape) != 2:
-                raise ValueError(f"gemm: {nm} must be 2-D, it is {x.shape}")
-        self._compute_dtype("gemm", ops)
+        if self.destroyed or self.context.destroyed:
+            self._check("gemm")
+        ctx = self.context
+        if not (type(a) is Buffer and type(b) is Buffer and type(c) is Buffer
+                and not (a.freed or b.freed or c.freed)
+                and a.context is ctx and b.context is ctx and c.context is ctx
+                and (bias is None or (type(bias) is Buffer and not bias.freed
+                                      and bias.context is ctx and bias.dtype is a.dtype))
+                and len(a.shape) == 2 and len(b.shape) == 2 and len(c.shape) == 2
+                and b.dtype is a.dtype and c.dtype is a.dtype
+                and a.isa_dtype in self._compute_ok):
+            # Not the common case at a glance: every check, in order, names what is wrong.
+            a, b, c, bias = self._gemm_operands(a, b, c, bias)
+        handles = ((a.handle, b.handle, c.handle) if bias is None
+                   else (a.handle, b.handle, c.handle, bias.handle))
         m, k = (a.shape[1], a.shape[0]) if trans_a else a.shape
         kb, n = (b.shape[1], b.shape[0]) if trans_b else b.shape
         if kb != k:
@@ -421,11 +454,26 @@ class Stream:
             return f"gemm {m}x{k} @ {k}x{n} {a.dtype_name}{extra} ({_where(site)})"
 
         bias_addr = None if bias is None else bias.addr
-        self._append(Opcode.GEMM, [x.handle for _, x in ops],
+        self._append(_GEMM_LEN, handles,
                      lambda bld: bld.gemm(dtype=dt, m=m, n=n, k=k, a=a.addr, b=b.addr,
                                           c=c.addr, bias=bias_addr, alpha=alpha, beta=beta,
                                           trans_a=trans_a, trans_b=trans_b, activation=act,
                                           name=name))
+
+    def _gemm_operands(self, a: Any, b: Any, c: Any, bias: Any
+                       ) -> tuple[Buffer, Buffer, Buffer, Buffer | None]:
+        a = self._buffer(a, "gemm a")
+        b = self._buffer(b, "gemm b")
+        c = self._buffer(c, "gemm c")
+        ops = [("a", a), ("b", b), ("c", c)]
+        if bias is not None:
+            bias = self._buffer(bias, "gemm bias")
+            ops.append(("bias", bias))
+        for nm, x in ops[:3]:
+            if len(x.shape) != 2:
+                raise ValueError(f"gemm: {nm} must be 2-D, it is {x.shape}")
+        self._compute_dtype("gemm", ops)
+        return a, b, c, bias
 
     def elementwise(self, op: str | EltOp, a: Buffer, b: Buffer | None, out: Buffer) -> None:
         """out = a op b ("add", "mul") or out = op(a) ("relu": pass b=None)."""
@@ -451,7 +499,7 @@ class Stream:
         name = lambda: (f"elementwise {eop.name.lower()} {a.shape} {a.dtype_name} "
                         f"({_where(site)})")
         b_addr = None if b is None else b.addr
-        self._append(Opcode.ELEMENTWISE, [x.handle for _, x in ops],
+        self._append(_LENGTH[Opcode.ELEMENTWISE], [x.handle for _, x in ops],
                      lambda bld: bld.elementwise(eop, dtype=dt, count=a.size, a=a.addr,
                                                  b=b_addr, out=out.addr, name=name))
 
@@ -475,8 +523,10 @@ class Stream:
         `buffers` so the driver keeps them alive. The commands stay in one submission,
         and `DeviceError.command` still names them by their records in `commands`.
         """
-        self._check("enqueue")
-        if not isinstance(commands, CommandBufferBuilder):
+        if self.destroyed or self.context.destroyed:
+            self._check("enqueue")
+        if type(commands) is not CommandBufferBuilder and not isinstance(commands,
+                                                                         CommandBufferBuilder):
             raise TypeError(f"enqueue needs a CommandBufferBuilder, got "
                             f"{type(commands).__name__}")
         bufs = [self._buffer(b, "enqueue buffer") for b in buffers]
@@ -490,7 +540,7 @@ class Stream:
         if len(handles) > uapi.MAX_SUBMIT_BUFFERS:
             raise ValueError(f"enqueue: {len(handles)} buffers, a submission takes at most "
                              f"{uapi.MAX_SUBMIT_BUFFERS}")
-        self._append(None, handles, lambda b: b.extend(commands), length=size)
+        self._append(size, handles, lambda b: b.extend(commands))
 
     def record_event(self) -> Event:
         """An Event at this point of the stream (a TIMESTAMP into a HOST slot)."""
@@ -500,23 +550,23 @@ class Stream:
         handle, iova, slot = self.context._timestamp_slot()
         site = _caller()
         name = lambda: f"event ({_where(site)})"
-        ch = self._append(Opcode.TIMESTAMP, (handle,), lambda b: b.timestamp(iova, name=name))
+        ch = self._append(_LENGTH[Opcode.TIMESTAMP], (handle,), lambda b: b.timestamp(iova, name=name))
         return Event(self, ch.seq, slot)
 
     # -- submission and completion ------------------------------------------------------
 
     def _submit_open(self) -> int | None:
         ch = self._open
-        if not ch.builder.size:
+        bld = ch.builder
+        size = len(bld)
+        if not size:
             return None
         self._open = _Chunk(ch.seq + 1, CommandBufferBuilder(self._max_cmdbuf))
-        data = ch.builder.view()
         try:
-            region = self._staging.alloc(len(data), ch.seq)
-            region.array().data[:] = data  # one memcpy, no ndarray built around data
-            ch.fence = self._drv.submit(self.context.id, self.queue, region.handle,
-                                        region.offset, len(data), ch.handles,
-                                        ch.builder.command_count)
+            region = self._staging.alloc(size, ch.seq)
+            region.write(bld.view())  # one memcpy, no ndarray built around the bytes
+            ch.fence = self._drv.submit(self.context.id, self.queue, region.block.handle,
+                                        region.offset, size, ch.handles, bld.command_count)
         except BaseException as e:
             # Queued anyway, so that completion stays in order: retiring it fails its
             # downloads with this error and frees its staging for reuse.
@@ -557,7 +607,8 @@ class Stream:
                                   fence_seq=ch.fence or 0, context_id=self.context.id,
                                   queue=self.queue)
         self.submissions.append(res)
-        self._device_ns += res.device_ns
+        if res.end_ns > res.start_ns:
+            self._device_ns += res.end_ns - res.start_ns
         self._completed_seq = ch.seq
         if err is not None and self._first_error is None:
             self._first_error = (ch.seq, err)
@@ -606,7 +657,8 @@ class Stream:
     def synchronize(self, timeout_ns: int | None = None) -> None:
         """Submit pending commands and wait for all of them; raises the stream's first
         DeviceError (naming the status and the command at the error offset)."""
-        self._check("synchronize")
+        if self.destroyed or self.context.destroyed:
+            self._check("synchronize")
         self._submit_open()
         self._wait_through(self._open.seq - 1, timeout_ns, raise_errors=True)
 

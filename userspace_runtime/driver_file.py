@@ -32,13 +32,17 @@ from ._errors import DriverError
 # errno values a driver may use for "the fence has not signalled yet".
 _NOT_READY = frozenset({errno.ETIME, errno.ETIMEDOUT, errno.EBUSY, errno.EAGAIN})
 
+# The two structs of every round trip, looked up once (uapi.new looks them up per call).
+_SUBMIT_T = uapi.ffi.typeof("struct drm_va1_submit *")
+_WAIT_T = uapi.ffi.typeof("struct drm_va1_wait *")
+
 PARAM_CODES: dict[str, int] = {
     name[len("PARAM_"):].lower(): value
     for name, value in vars(uapi).items() if name.startswith("PARAM_") and isinstance(value, int)
 }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class WaitResult:
     """A signalled fence: the VA-1 status of its submission, the byte offset of the
     failing command (va1.NO_OFFSET if none) and the device times it ran between."""
@@ -46,6 +50,12 @@ class WaitResult:
     error_offset: int
     start_ns: int
     end_ns: int
+
+    def __init__(self, status: int, error_offset: int, start_ns: int, end_ns: int) -> None:
+        # One dict update, not the generated frozen __init__'s object.__setattr__ per
+        # field: every WAIT makes one.
+        self.__dict__.update(status=status, error_offset=error_offset, start_ns=start_ns,
+                             end_ns=end_ns)
 
 
 def _wrap(exc: OSError, what: str) -> Exception:
@@ -133,15 +143,15 @@ class DriverFile:
         if len(hs) > uapi.MAX_SUBMIT_BUFFERS:  # pragma: no cover - the stream splits first
             raise ValueError(f"{len(hs)} buffers in one submission, "
                              f"max {uapi.MAX_SUBMIT_BUFFERS}")
-        arg = uapi.new("struct drm_va1_submit *")
+        arg: uapi.CData = uapi.ffi.new(_SUBMIT_T)
         arg.context_id = context_id
         arg.queue = queue
         arg.cmdbuf_handle = cmdbuf_handle
         arg.cmdbuf_offset = cmdbuf_offset
         arg.cmdbuf_size = cmdbuf_size
         arg.buffer_count = len(hs)
-        for i, h in enumerate(hs):
-            arg.handles[i] = h
+        if hs:
+            arg.handles[0:len(hs)] = hs
         try:
             self.file.ioctl(uapi.DRM_IOCTL_VA1_SUBMIT, arg)
         except OSError as e:  # _ioctl, with the message made only when it is needed
@@ -156,7 +166,7 @@ class DriverFile:
         """The fence's result, or None if it has not signalled within `timeout_ns`
         (virtual ns; < 0 waits forever; the driver answered ETIME, ETIMEDOUT, EBUSY or
         EAGAIN). Any other error of the driver is a DriverError."""
-        arg = uapi.new("struct drm_va1_wait *")
+        arg: uapi.CData = uapi.ffi.new(_WAIT_T)
         arg.context_id = context_id
         arg.fence_seq = fence_seq
         arg.timeout_ns = timeout_ns
