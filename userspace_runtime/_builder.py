@@ -56,6 +56,10 @@ def _wire_order(opcode: Opcode, keys: tuple[str, ...]) -> Callable[[tuple[Any, .
     return operator.itemgetter(*[keys.index(n) if n in keys else len(keys) for n in names])
 
 
+# The opcodes of the hot appends, read once: on CPython 3.11 an enum member access
+# (Opcode.GEMM) is a Python-level lookup that costs as much as packing the command.
+_DMA_H2D, _DMA_D2H, _DMA_D2D, _GEMM = Opcode.DMA_H2D, Opcode.DMA_D2H, Opcode.DMA_D2D, Opcode.GEMM
+
 _DMA_ORDER = {op: _wire_order(op, ("src", "dst", "size"))
               for op in (Opcode.DMA_H2D, Opcode.DMA_D2H, Opcode.DMA_D2D)}
 _GEMM_ORDER = _wire_order(Opcode.GEMM, ("dtype", "activation", "m", "n", "k", "a", "b", "c",
@@ -441,17 +445,17 @@ class CommandBufferBuilder:
     def dma_h2d(self, src_iova: IntLike, dst: IntLike, size: IntLike, *,
                 name: Name | None = None) -> int:
         """Copy `size` bytes from host IOVA `src_iova` to device address `dst`."""
-        return self._dma(Opcode.DMA_H2D, src_iova, dst, size, name)
+        return self._dma(_DMA_H2D, src_iova, dst, size, name)
 
     def dma_d2h(self, src: IntLike, dst_iova: IntLike, size: IntLike, *,
                 name: Name | None = None) -> int:
         """Copy `size` bytes from device address `src` to host IOVA `dst_iova`."""
-        return self._dma(Opcode.DMA_D2H, src, dst_iova, size, name)
+        return self._dma(_DMA_D2H, src, dst_iova, size, name)
 
     def dma_d2d(self, src: IntLike, dst: IntLike, size: IntLike, *,
                 name: Name | None = None) -> int:
         """Copy `size` bytes within device memory (memmove semantics)."""
-        return self._dma(Opcode.DMA_D2D, src, dst, size, name)
+        return self._dma(_DMA_D2D, src, dst, size, name)
 
     def gemm(self, *, dtype: DType | int | str, m: IntLike, n: IntLike,
              k: IntLike, a: IntLike, b: IntLike, c: IntLike,
@@ -477,7 +481,7 @@ class CommandBufferBuilder:
                 flags = ((isa.GEMM_TRANS_A if trans_a else 0)
                          | (isa.GEMM_TRANS_B if trans_b else 0)
                          | (0 if bias is None else isa.GEMM_BIAS))
-                return self._emit_wire(Opcode.GEMM, flags, _GEMM_ORDER(
+                return self._emit_wire(_GEMM, flags, _GEMM_ORDER(
                     (dtype, activation, m, n, k, a, b, c, 0 if bias is None else bias,
                      alpha, beta, 0)), name)
         dt = as_dtype(dtype)

@@ -31,6 +31,7 @@ _CMD_ALIGN = isa.ALIGN
 _LENGTH = {op: isa.command_length(op) for op in Opcode}
 _DMA_LEN = _LENGTH[Opcode.DMA_H2D]
 _GEMM_LEN = _LENGTH[Opcode.GEMM]
+_OK = va1.Status.OK  # read once: an enum member access is a Python-level lookup on 3.11
 
 
 def _caller() -> tuple[str, int]:
@@ -589,8 +590,9 @@ class Stream:
         self._check("flush")
         return self._submit_open()
 
-    def _retire(self, ch: _Chunk, r: Any) -> None:
-        """Record chunk `ch`'s completion (`r` a WaitResult, or None if never submitted)."""
+    def _retire(self, ch: _Chunk, r: tuple[int, int, int, int] | None) -> None:
+        """Record chunk `ch`'s completion (`r` the (status, error_offset, start_ns, end_ns)
+        WAIT reported, or None if it was never submitted)."""
         self._inflight.popleft()
         err: BaseException | None = None
         if r is None:
@@ -598,12 +600,13 @@ class Stream:
             res = SubmissionResult(ch.seq, None, self.queue, va1.Status.ABORTED, None, 0, 0,
                                    ch.builder.command_count, ch.builder.size)
         else:
-            off = None if r.error_offset == va1.NO_OFFSET else r.error_offset
-            res = SubmissionResult(ch.seq, ch.fence, self.queue, r.status, off, r.start_ns,
-                                   r.end_ns, ch.builder.command_count, ch.builder.size)
-            if r.status != va1.Status.OK:
+            status, error_offset, start_ns, end_ns = r
+            off = None if error_offset == va1.NO_OFFSET else error_offset
+            res = SubmissionResult(ch.seq, ch.fence, self.queue, status, off, start_ns,
+                                   end_ns, ch.builder.command_count, ch.builder.size)
+            if status != _OK:
                 rec = None if off is None else ch.builder.command_at(off)
-                err = DeviceError(r.status, off, None if rec is None else rec.name,
+                err = DeviceError(status, off, None if rec is None else rec.name,
                                   fence_seq=ch.fence or 0, context_id=self.context.id,
                                   queue=self.queue)
         self.submissions.append(res)
@@ -620,7 +623,7 @@ class Stream:
         if ch.fence is None:
             self._retire(ch, None)
             return True
-        r = self._drv.wait(self.context.id, ch.fence, timeout_ns)
+        r = self._drv.wait_fields(self.context.id, ch.fence, timeout_ns)
         if r is None:
             return False
         self._retire(ch, r)

@@ -166,6 +166,13 @@ class DriverFile:
         """The fence's result, or None if it has not signalled within `timeout_ns`
         (virtual ns; < 0 waits forever; the driver answered ETIME, ETIMEDOUT, EBUSY or
         EAGAIN). Any other error of the driver is a DriverError."""
+        r = self.wait_fields(context_id, fence_seq, timeout_ns)
+        return None if r is None else WaitResult(*r)
+
+    def wait_fields(self, context_id: int, fence_seq: int, timeout_ns: int = -1
+                    ) -> tuple[int, int, int, int] | None:
+        """`wait` without the WaitResult: (status, error_offset, start_ns, end_ns), for
+        a caller that waits on every submission and keeps its own record of each."""
         arg: uapi.CData = uapi.ffi.new(_WAIT_T)
         arg.context_id = context_id
         arg.fence_seq = fence_seq
@@ -177,8 +184,7 @@ class DriverFile:
                 return None
             raise _wrap(e, f"WAIT(context={context_id}, fence={fence_seq}) on {self.path}") \
                 from e
-        return WaitResult(int(arg.status), int(arg.error_offset), int(arg.start_ns),
-                          int(arg.end_ns))
+        return int(arg.status), int(arg.error_offset), int(arg.start_ns), int(arg.end_ns)
 
     def stats(self) -> dict[str, int]:
         """GET_STATS: the function's counters by field name of struct drm_va1_stats."""

@@ -48,7 +48,11 @@ def test_wait_not_signalled_is_none(fake_os: Any) -> None:
     ctx = drv.context_create()
     fence = drv.submit(ctx, 0, h, 0, 8)
     assert drv.wait(ctx, fence, 0) is None
-    assert drv.wait(ctx, fence, -1) is not None
+    assert drv.wait_fields(ctx, fence, 0) is None
+    r = drv.wait(ctx, fence, -1)
+    assert r is not None
+    # wait_fields is wait's answer as a plain tuple, in WaitResult's field order.
+    assert drv.wait_fields(ctx, fence, -1) == (r.status, r.error_offset, r.start_ns, r.end_ns)
 
 
 def _nop() -> bytes:
