@@ -86,7 +86,8 @@ class SubmissionResult:
 class _Chunk:
     """One command buffer of a stream: open, then in flight until retired."""
 
-    __slots__ = ("seq", "builder", "handles", "downloads", "fence", "submit_error")
+    __slots__ = ("seq", "builder", "handles", "downloads", "fence", "submit_error",
+                 "nbytes", "commands")
 
     def __init__(self, seq: int, builder: CommandBufferBuilder) -> None:
         self.seq = seq
@@ -95,6 +96,8 @@ class _Chunk:
         self.downloads: list[Pending] = []
         self.fence: int | None = None
         self.submit_error: BaseException | None = None
+        self.nbytes = 0     # bytes and commands, set when the chunk is submitted
+        self.commands = 0
 
 
 class Pending:
@@ -551,7 +554,8 @@ class Stream:
         handle, iova, slot = self.context._timestamp_slot()
         site = _caller()
         name = lambda: f"event ({_where(site)})"
-        ch = self._append(_LENGTH[Opcode.TIMESTAMP], (handle,), lambda b: b.timestamp(iova, name=name))
+        ch = self._append(_LENGTH[Opcode.TIMESTAMP], (handle,),
+                          lambda b: b.timestamp(iova, name=name))
         return Event(self, ch.seq, slot)
 
     # -- submission and completion ------------------------------------------------------
@@ -563,11 +567,12 @@ class Stream:
         if not size:
             return None
         self._open = _Chunk(ch.seq + 1, CommandBufferBuilder(self._max_cmdbuf))
+        ch.nbytes, ch.commands = size, bld.command_count  # sealed: _retire reports them
         try:
             region = self._staging.alloc(size, ch.seq)
             region.write(bld.view())  # one memcpy, no ndarray built around the bytes
             ch.fence = self._drv.submit(self.context.id, self.queue, region.block.handle,
-                                        region.offset, size, ch.handles, bld.command_count)
+                                        region.offset, size, ch.handles, ch.commands)
         except BaseException as e:
             # Queued anyway, so that completion stays in order: retiring it fails its
             # downloads with this error and frees its staging for reuse.
@@ -598,12 +603,12 @@ class Stream:
         if r is None:
             err = ch.submit_error
             res = SubmissionResult(ch.seq, None, self.queue, va1.Status.ABORTED, None, 0, 0,
-                                   ch.builder.command_count, ch.builder.size)
+                                   ch.commands, ch.nbytes)
         else:
             status, error_offset, start_ns, end_ns = r
             off = None if error_offset == va1.NO_OFFSET else error_offset
             res = SubmissionResult(ch.seq, ch.fence, self.queue, status, off, start_ns,
-                                   end_ns, ch.builder.command_count, ch.builder.size)
+                                   end_ns, ch.commands, ch.nbytes)
             if status != _OK:
                 rec = None if off is None else ch.builder.command_at(off)
                 err = DeviceError(status, off, None if rec is None else rec.name,
