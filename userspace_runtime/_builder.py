@@ -24,6 +24,7 @@ IntLike = SupportsIndex  # an int, or anything with __index__ (numpy integers)
 U16_MAX = 0xFFFF
 U32_MAX = 0xFFFF_FFFF
 U64_MAX = 0xFFFF_FFFF_FFFF_FFFF
+_U64_END = U64_MAX + 1   # a range [addr, addr + size) fits in 64 bits iff addr <= _U64_END - size
 _F32_MAX = float(struct.unpack("<f", b"\xff\xff\x7f\x7f")[0])
 
 # ELEMENTWISE (and float GEMM) compute dtypes (spec §7, BAD_DTYPE rule).
@@ -428,9 +429,8 @@ class CommandBufferBuilder:
 
     def _dma(self, opcode: Opcode, src: IntLike, dst: IntLike, size: IntLike,
              name: Name | None) -> int:
-        if (name is not None and type(src) is int and type(dst) is int
-                and type(size) is int and src >= 0 and dst >= 0 and size >= 1
-                and src + size - 1 <= U64_MAX and dst + size - 1 <= U64_MAX):
+        if (type(src) is type(dst) is type(size) is int and name is not None and size >= 1
+                and 0 <= src <= _U64_END - size and 0 <= dst <= _U64_END - size):
             # Plain in-range ints (what a Stream passes): the checks below would all pass.
             return self._emit_wire(opcode, 0, _DMA_ORDER[opcode]((src, dst, size, 0)), name)
         what = opcode.name

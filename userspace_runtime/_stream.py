@@ -32,6 +32,7 @@ _LENGTH = {op: isa.command_length(op) for op in Opcode}
 _DMA_LEN = _LENGTH[Opcode.DMA_H2D]
 _GEMM_LEN = _LENGTH[Opcode.GEMM]
 _OK = va1.Status.OK  # read once: an enum member access is a Python-level lookup on 3.11
+_NO_OFFSET = va1.NO_OFFSET
 
 
 def _caller() -> tuple[str, int]:
@@ -599,30 +600,34 @@ class Stream:
         """Record chunk `ch`'s completion (`r` the (status, error_offset, start_ns, end_ns)
         WAIT reported, or None if it was never submitted)."""
         self._inflight.popleft()
-        err: BaseException | None = None
+        err: BaseException | None
         if r is None:
             err = ch.submit_error
             res = SubmissionResult(ch.seq, None, self.queue, va1.Status.ABORTED, None, 0, 0,
                                    ch.commands, ch.nbytes)
         else:
             status, error_offset, start_ns, end_ns = r
-            off = None if error_offset == va1.NO_OFFSET else error_offset
+            off = None if error_offset == _NO_OFFSET else error_offset
             res = SubmissionResult(ch.seq, ch.fence, self.queue, status, off, start_ns,
                                    end_ns, ch.commands, ch.nbytes)
-            if status != _OK:
-                rec = None if off is None else ch.builder.command_at(off)
-                err = DeviceError(status, off, None if rec is None else rec.name,
-                                  fence_seq=ch.fence or 0, context_id=self.context.id,
-                                  queue=self.queue)
+            err = None if status == _OK else self._device_error(ch, status, off)
+            if end_ns > start_ns:
+                self._device_ns += end_ns - start_ns
         self.submissions.append(res)
-        if res.end_ns > res.start_ns:
-            self._device_ns += res.end_ns - res.start_ns
         self._completed_seq = ch.seq
         if err is not None and self._first_error is None:
             self._first_error = (ch.seq, err)
-        for p in ch.downloads:
-            p._complete(err)
-        ch.downloads.clear()
+        if ch.downloads:
+            for p in ch.downloads:
+                p._complete(err)
+            ch.downloads.clear()
+
+    def _device_error(self, ch: _Chunk, status: int, off: int | None) -> DeviceError:
+        """The DeviceError of chunk `ch`, naming the command at `off`."""
+        rec = None if off is None else ch.builder.command_at(off)
+        return DeviceError(status, off, None if rec is None else rec.name,
+                           fence_seq=ch.fence or 0, context_id=self.context.id,
+                           queue=self.queue)
 
     def _wait_one(self, ch: _Chunk, timeout_ns: int) -> bool:
         if ch.fence is None:
