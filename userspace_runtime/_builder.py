@@ -442,6 +442,12 @@ class CommandBufferBuilder:
         return self._emit(opcode, 0, {"src": src, "dst": dst, "size": size},
                           name or f"{what} src={src:#x} dst={dst:#x} size={size}")
 
+    def _dma_unchecked(self, opcode: Opcode, src: int, dst: int, size: int, name: Name) -> int:
+        """A DMA whose caller guarantees what `_dma` checks (plain ints, size >= 1, both
+        ranges inside 64 bits): a Stream, whose addresses and sizes are those of buffers
+        the driver made, where the checks would only repeat."""
+        return self._emit_wire(opcode, 0, _DMA_ORDER[opcode]((src, dst, size, 0)), name)
+
     def dma_h2d(self, src_iova: IntLike, dst: IntLike, size: IntLike, *,
                 name: Name | None = None) -> int:
         """Copy `size` bytes from host IOVA `src_iova` to device address `dst`."""
@@ -478,12 +484,8 @@ class CommandBufferBuilder:
             if (a >= 0 and b >= 0 and c >= 0 and a + m * k * es - 1 <= U64_MAX
                     and b + k * n * es - 1 <= U64_MAX and c + m * n * es - 1 <= U64_MAX
                     and (bias is None or 0 <= bias <= U64_MAX - n * es + 1)):
-                flags = ((isa.GEMM_TRANS_A if trans_a else 0)
-                         | (isa.GEMM_TRANS_B if trans_b else 0)
-                         | (0 if bias is None else isa.GEMM_BIAS))
-                return self._emit_wire(_GEMM, flags, _GEMM_ORDER(
-                    (dtype, activation, m, n, k, a, b, c, 0 if bias is None else bias,
-                     alpha, beta, 0)), name)
+                return self._gemm_unchecked(dtype, m, n, k, a, b, c, bias, alpha, beta,
+                                            trans_a, trans_b, activation, name)
         dt = as_dtype(dtype)
         if dt not in GEMM_DTYPES:
             raise ValueError(f"GEMM dtype {dt.name} is not supported (only F32, F16, I8)")
@@ -523,6 +525,17 @@ class CommandBufferBuilder:
                              f" {act.name.lower()}" if act != Activation.NONE else ""])
             name = f"GEMM {dt.name.lower()} m={m} n={n} k={k}{extra}"
         return self._emit(Opcode.GEMM, flags, fields, name)
+
+    def _gemm_unchecked(self, dtype: DType, m: int, n: int, k: int, a: int, b: int, c: int,
+                        bias: int | None, alpha: float, beta: float, trans_a: Any,
+                        trans_b: Any, activation: Activation, name: Name) -> int:
+        """A float GEMM whose caller guarantees what `gemm` checks: `gemm` itself, or a
+        Stream, whose operands are buffers it has checked and the driver made."""
+        flags = ((isa.GEMM_TRANS_A if trans_a else 0) | (isa.GEMM_TRANS_B if trans_b else 0)
+                 | (0 if bias is None else isa.GEMM_BIAS))
+        return self._emit_wire(_GEMM, flags, _GEMM_ORDER(
+            (dtype, activation, m, n, k, a, b, c, 0 if bias is None else bias, alpha, beta, 0)),
+            name)
 
     def gemm_batched(self, *, dtype: DType | int | str, batch: IntLike, m: IntLike,
                      n: IntLike, k: IntLike, a: IntLike, b: IntLike, c: IntLike,

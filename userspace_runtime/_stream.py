@@ -22,7 +22,8 @@ from guest_driver import uapi
 from hwspec import isa, va1
 from hwspec.isa import Activation, EltOp, Opcode
 
-from ._builder import COMPUTE_DTYPES, CommandBufferBuilder, as_activation, as_eltop, check_f32
+from ._builder import (COMPUTE_DTYPES, U32_MAX, CommandBufferBuilder, as_activation, as_eltop,
+                       check_f32)
 from ._device import Buffer, Context
 from ._errors import DeviceError, DriverError, UseAfterFreeError
 from ._staging import Region, StagingPool
@@ -30,6 +31,7 @@ from ._staging import Region, StagingPool
 _CMD_ALIGN = isa.ALIGN
 _LENGTH = {op: isa.command_length(op) for op in Opcode}
 _DMA_LEN = _LENGTH[Opcode.DMA_H2D]
+_H2D, _D2H, _D2D = Opcode.DMA_H2D, Opcode.DMA_D2H, Opcode.DMA_D2D
 _GEMM_LEN = _LENGTH[Opcode.GEMM]
 _OK = va1.Status.OK  # read once: an enum member access is a Python-level lookup on 3.11
 _NO_OFFSET = va1.NO_OFFSET
@@ -315,14 +317,15 @@ class Stream:
             name = lambda: (f"upload pinned {buf.shape} {buf.dtype} -> {buf.addr:#x} "
                             f"({_where(site)})")
             self._append(_DMA_LEN, (buf.handle, handle),
-                         lambda b: b.dma_h2d(iova, buf.addr, buf.nbytes, name=name))
+                         lambda b: b._dma_unchecked(_H2D, iova, buf.addr, buf.nbytes, name))
             return
         region = self._staging.alloc(buf.nbytes, self._open.seq)
         np.copyto(region.array().view(buf.dtype).reshape(buf.shape), arr, casting="no")
         site = _caller()
         name = lambda: f"upload {buf.shape} {buf.dtype} -> {buf.addr:#x} ({_where(site)})"
         self._append(_DMA_LEN, (buf.handle, region.handle),
-                     lambda b: b.dma_h2d(region.iova, buf.addr, buf.nbytes, name=name),
+                     lambda b: b._dma_unchecked(_H2D, region.iova, buf.addr, buf.nbytes,
+                                                name),
                      (region,))
 
     def download(self, buf: Buffer, out: np.ndarray | None = None) -> Pending:
@@ -352,7 +355,8 @@ class Stream:
                 name = lambda: (f"download pinned {buf.shape} {buf.dtype} <- {buf.addr:#x} "
                                 f"({_where(site)})")
                 ch = self._append(_DMA_LEN, (buf.handle, handle),
-                                  lambda b: b.dma_d2h(buf.addr, iova, buf.nbytes, name=name))
+                                  lambda b: b._dma_unchecked(_D2H, buf.addr, iova,
+                                                             buf.nbytes, name))
                 pending = Pending(self, ch.seq, None, buf.shape, buf.dtype, out)
                 ch.downloads.append(pending)
                 return pending
@@ -361,7 +365,8 @@ class Stream:
         name = lambda: (f"download {buf.shape} {buf.dtype} <- {buf.addr:#x} "
                         f"({_where(site)})")
         ch = self._append(_DMA_LEN, (buf.handle, region.handle),
-                          lambda b: b.dma_d2h(buf.addr, region.iova, buf.nbytes, name=name),
+                          lambda b: b._dma_unchecked(_D2H, buf.addr, region.iova,
+                                                     buf.nbytes, name),
                           (region,))
         pending = Pending(self, ch.seq, region, buf.shape, buf.dtype, out)
         ch.downloads.append(pending)
@@ -378,7 +383,7 @@ class Stream:
         site = _caller()
         name = lambda: f"copy {src.addr:#x} -> {dst.addr:#x} ({_where(site)})"
         self._append(_DMA_LEN, (dst.handle, src.handle),
-                     lambda b: b.dma_d2d(src.addr, dst.addr, src.nbytes, name=name))
+                     lambda b: b._dma_unchecked(_D2D, src.addr, dst.addr, src.nbytes, name))
 
     def fill(self, buf: Buffer, value: int | float) -> None:
         """Set every element of `buf` to `value` (FILL; a tail under 4 bytes by DMA)."""
@@ -409,9 +414,9 @@ class Stream:
             region = self._staging.alloc(tail, self._open.seq)
             region.array()[:] = np.frombuffer(raw[:tail], np.uint8)
             self._append(_DMA_LEN, (buf.handle, region.handle),
-                         lambda b: b.dma_h2d(region.iova, buf.addr + body, tail,
-                                             name=lambda: f"fill tail {tail} bytes "
-                                                          f"({_where(site)})"),
+                         lambda b: b._dma_unchecked(_H2D, region.iova, buf.addr + body, tail,
+                                                    lambda: f"fill tail {tail} bytes "
+                                                            f"({_where(site)})"),
                          (region,))
 
     def gemm(self, a: Buffer, b: Buffer, c: Buffer, bias: Buffer | None = None,
@@ -459,11 +464,17 @@ class Stream:
             return f"gemm {m}x{k} @ {k}x{n} {a.dtype_name}{extra} ({_where(site)})"
 
         bias_addr = None if bias is None else bias.addr
-        self._append(_GEMM_LEN, handles,
-                     lambda bld: bld.gemm(dtype=dt, m=m, n=n, k=k, a=a.addr, b=b.addr,
-                                          c=c.addr, bias=bias_addr, alpha=alpha, beta=beta,
-                                          trans_a=trans_a, trans_b=trans_b, activation=act,
-                                          name=name))
+        emit: Callable[[CommandBufferBuilder], int]
+        if m <= U32_MAX and n <= U32_MAX and k <= U32_MAX:  # then the rest is checked
+            emit = lambda bld: bld._gemm_unchecked(dt, m, n, k, a.addr, b.addr, c.addr,
+                                                   bias_addr, alpha, beta, trans_a, trans_b,
+                                                   act, name)
+        else:  # the builder names the dimension out of range
+            emit = lambda bld: bld.gemm(dtype=dt, m=m, n=n, k=k, a=a.addr, b=b.addr,
+                                        c=c.addr, bias=bias_addr, alpha=alpha, beta=beta,
+                                        trans_a=trans_a, trans_b=trans_b, activation=act,
+                                        name=name)
+        self._append(_GEMM_LEN, handles, emit)
 
     def _gemm_operands(self, a: Any, b: Any, c: Any, bias: Any
                        ) -> tuple[Buffer, Buffer, Buffer, Buffer | None]:
