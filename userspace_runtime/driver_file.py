@@ -11,6 +11,7 @@ fences) uses this rather than building the structs itself.
     ctx = drv.context_create()
     fence = drv.submit(ctx, 0, handle, 0, size, handles=(dev_handle,))
     r = drv.wait(ctx, fence)                        # WaitResult(status, error_offset, start_ns, end_ns)
+    t = drv.wait_fields(ctx, fence)                 # the same fields as a plain tuple
     drv.stats(); drv.context_destroy(ctx); drv.close()
 
 The only module that builds uAPI structs. Every OSError of the driver is re-raised as

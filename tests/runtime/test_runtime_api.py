@@ -339,6 +339,29 @@ def test_gemm_argument_errors(make_os: Callable[..., Any]) -> None:
     assert s.pending_commands == 0
 
 
+def test_gemm_operand_errors_name_the_first_bad_operand(dev: Device) -> None:
+    # The common case is tested at a glance; anything else takes the full checks in
+    # their order (a, b, c, bias), each naming the operand.
+    c1, c2 = dev.create_context(), dev.create_context()
+    s = c1.create_stream()
+    a, b, c = c1.alloc((2, 3)), c1.alloc((3, 4)), c1.alloc((2, 4))
+    freed = c1.alloc((4,))
+    freed.free()
+    with pytest.raises(UseAfterFreeError, match="gemm bias: .* was freed"):
+        s.gemm(a, b, c, bias=freed)
+    with pytest.raises(ContextMismatchError, match=f"gemm bias: .* context {c2.id}"):
+        s.gemm(a, b, c, bias=c2.alloc((4,)))
+    with pytest.raises(TypeError, match="gemm bias must be a Buffer"):
+        s.gemm(a, b, c, bias=np.zeros(4, np.float32))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="bias is float16 but a is float32"):
+        s.gemm(a, b, c, bias=c1.alloc((4,), np.float16))
+    with pytest.raises(ContextMismatchError, match="gemm a: "):
+        s.gemm(c2.alloc((2, 3)), b, c, bias=freed)
+    with pytest.raises(TypeError, match="gemm c must be a Buffer"):
+        s.gemm(a, b, None, bias=freed)  # type: ignore[arg-type]
+    assert s.pending_commands == 0
+
+
 def test_elementwise(dev: Device, fake_os: Any) -> None:
     ctx = dev.create_context()
     s = ctx.create_stream()
