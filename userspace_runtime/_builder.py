@@ -360,7 +360,8 @@ class CommandBufferBuilder:
     def extend(self, other: CommandBufferBuilder) -> int:
         """Append another builder's bytes and command records; returns the offset."""
         base = len(self._data)
-        self._reserve(len(other._data))
+        if self.max_size is not None and base + len(other._data) > self.max_size:
+            self._reserve(len(other._data))
         self._data += other._data
         self._cmd_rows.extend(other._cmd_rows)
         if base == 0:
