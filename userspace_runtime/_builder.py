@@ -63,6 +63,8 @@ _DMA_H2D, _DMA_D2H, _DMA_D2D, _GEMM = Opcode.DMA_H2D, Opcode.DMA_D2H, Opcode.DMA
 
 _DMA_ORDER = {op: _wire_order(op, ("src", "dst", "size"))
               for op in (Opcode.DMA_H2D, Opcode.DMA_D2H, Opcode.DMA_D2D)}
+# Whether the DMA payloads are exactly (src, dst, size) (then packed as they come).
+_DMA_AS_IS = all(_ENCODING[op][2] == ("src", "dst", "size") for op in _DMA_ORDER)
 _GEMM_ORDER = _wire_order(Opcode.GEMM, ("dtype", "activation", "m", "n", "k", "a", "b", "c",
                                         "bias", "alpha", "beta"))
 
@@ -432,8 +434,8 @@ class CommandBufferBuilder:
              name: Name | None) -> int:
         if (type(src) is type(dst) is type(size) is int and name is not None and size >= 1
                 and 0 <= src <= _U64_END - size and 0 <= dst <= _U64_END - size):
-            # Plain in-range ints (what a Stream passes): the checks below would all pass.
-            return self._emit_wire(opcode, 0, _DMA_ORDER[opcode]((src, dst, size, 0)), name)
+            # Plain in-range ints (the common case): the checks below would all pass.
+            return self._dma_unchecked(opcode, src, dst, size, name)
         what = opcode.name
         src = _addr(src, f"{what} src")
         dst = _addr(dst, f"{what} dst")
@@ -447,7 +449,8 @@ class CommandBufferBuilder:
         """A DMA whose caller guarantees what `_dma` checks (plain ints, size >= 1, both
         ranges inside 64 bits): a Stream, whose addresses and sizes are those of buffers
         the driver made, where the checks would only repeat."""
-        return self._emit_wire(opcode, 0, _DMA_ORDER[opcode]((src, dst, size, 0)), name)
+        return self._emit_wire(opcode, 0, (src, dst, size) if _DMA_AS_IS
+                               else _DMA_ORDER[opcode]((src, dst, size, 0)), name)
 
     def dma_h2d(self, src_iova: IntLike, dst: IntLike, size: IntLike, *,
                 name: Name | None = None) -> int:
@@ -479,7 +482,7 @@ class CommandBufferBuilder:
                 and type(alpha) is float and type(beta) is float
                 and 0 < m <= U32_MAX and 0 < n <= U32_MAX and 0 < k <= U32_MAX
                 and -_F32_MAX <= alpha <= _F32_MAX and -_F32_MAX <= beta <= _F32_MAX):
-            # What a Stream passes (a float dtype, plain ints and floats in range): only
+            # The common case (a float dtype, plain ints and floats in range): only
             # the address ranges are left to check, as below.
             es = isa.DTYPE_SIZE[dtype]
             if (a >= 0 and b >= 0 and c >= 0 and a + m * k * es - 1 <= U64_MAX

@@ -22,8 +22,8 @@ from guest_driver import uapi
 from hwspec import isa, va1
 from hwspec.isa import Activation, EltOp, Opcode
 
-from ._builder import (COMPUTE_DTYPES, U32_MAX, CommandBufferBuilder, as_activation, as_eltop,
-                       check_f32)
+from ._builder import (COMPUTE_DTYPES, U32_MAX, CommandBufferBuilder, Name, as_activation,
+                       as_eltop, check_f32)
 from ._device import Buffer, Context
 from ._errors import DeviceError, DriverError, UseAfterFreeError
 from ._staging import Region, StagingPool
@@ -267,27 +267,47 @@ class Stream:
 
     # -- appending ------------------------------------------------------------------
 
+    def _room(self, length: int, handles: Collection[int]) -> _Chunk:
+        """The open chunk, once a command of `length` bytes that uses `handles` fits in
+        it: the chunk is submitted first if the command or its new handles would not."""
+        ch = self._open
+        size = len(ch.builder)
+        if size:
+            used = ch.handles
+            if (size + length > self._max_cmdbuf
+                    or (len(used) + len(handles) > uapi.MAX_SUBMIT_BUFFERS
+                        and len(used) + len({h: None for h in handles if h not in used})
+                        > uapi.MAX_SUBMIT_BUFFERS)):
+                self._submit_open()
+                return self._open
+        return ch
+
     def _append(self, length: int, handles: Collection[int],
                 emit: Callable[[CommandBufferBuilder], int],
                 regions: Iterable[Region] = ()) -> _Chunk:
-        """Emit a command of `length` bytes that uses `handles` into the open chunk,
-        submitting that chunk first if the command or its new handles would not fit."""
-        ch = self._open
-        used = ch.handles
-        size = len(ch.builder)
-        if size and (size + length > self._max_cmdbuf
-                     or (len(used) + len(handles) > uapi.MAX_SUBMIT_BUFFERS
-                         and len(used) + len({h: None for h in handles if h not in used})
-                         > uapi.MAX_SUBMIT_BUFFERS)):
-            self._submit_open()
-            ch = self._open
-            used = ch.handles
+        """Emit a command of `length` bytes that uses `handles` into the open chunk
+        (see `_room`)."""
+        ch = self._room(length, handles)
         emit(ch.builder)
+        used = ch.handles
         for h in handles:
             used[h] = None
         for r in regions:
             if r.block.last_seq < ch.seq:
                 r.block.last_seq = ch.seq
+        return ch
+
+    def _append_dma(self, opcode: Opcode, handle_a: int, handle_b: int, src: int, dst: int,
+                    nbytes: int, name: Name, region: Region | None = None) -> _Chunk:
+        """`_append` of one DMA between the buffers `handle_a` and `handle_b`, which the
+        stream has checked (uploads, downloads, copies), with no closure to make."""
+        ch = self._room(_DMA_LEN, (handle_a, handle_b))
+        ch.builder._dma_unchecked(opcode, src, dst, nbytes, name)
+        used = ch.handles
+        used[handle_a] = None
+        used[handle_b] = None
+        if region is not None and region.block.last_seq < ch.seq:
+            region.block.last_seq = ch.seq
         return ch
 
     def upload(self, buf: Buffer, data: Any) -> None:
@@ -316,17 +336,14 @@ class Stream:
             site = _caller()
             name = lambda: (f"upload pinned {buf.shape} {buf.dtype} -> {buf.addr:#x} "
                             f"({_where(site)})")
-            self._append(_DMA_LEN, (buf.handle, handle),
-                         lambda b: b._dma_unchecked(_H2D, iova, buf.addr, buf.nbytes, name))
+            self._append_dma(_H2D, buf.handle, handle, iova, buf.addr, buf.nbytes, name)
             return
         region = self._staging.alloc(buf.nbytes, self._open.seq)
         np.copyto(region.array().view(buf.dtype).reshape(buf.shape), arr, casting="no")
         site = _caller()
         name = lambda: f"upload {buf.shape} {buf.dtype} -> {buf.addr:#x} ({_where(site)})"
-        self._append(_DMA_LEN, (buf.handle, region.handle),
-                     lambda b: b._dma_unchecked(_H2D, region.iova, buf.addr, buf.nbytes,
-                                                name),
-                     (region,))
+        self._append_dma(_H2D, buf.handle, region.handle, region.iova, buf.addr, buf.nbytes,
+                         name, region)
 
     def download(self, buf: Buffer, out: np.ndarray | None = None) -> Pending:
         """DMA_D2H `buf`; the Pending's result() is the array after the stream has run
@@ -354,9 +371,8 @@ class Stream:
                 site = _caller()
                 name = lambda: (f"download pinned {buf.shape} {buf.dtype} <- {buf.addr:#x} "
                                 f"({_where(site)})")
-                ch = self._append(_DMA_LEN, (buf.handle, handle),
-                                  lambda b: b._dma_unchecked(_D2H, buf.addr, iova,
-                                                             buf.nbytes, name))
+                ch = self._append_dma(_D2H, buf.handle, handle, buf.addr, iova, buf.nbytes,
+                                      name)
                 pending = Pending(self, ch.seq, None, buf.shape, buf.dtype, out)
                 ch.downloads.append(pending)
                 return pending
@@ -364,10 +380,8 @@ class Stream:
         site = _caller()
         name = lambda: (f"download {buf.shape} {buf.dtype} <- {buf.addr:#x} "
                         f"({_where(site)})")
-        ch = self._append(_DMA_LEN, (buf.handle, region.handle),
-                          lambda b: b._dma_unchecked(_D2H, buf.addr, region.iova,
-                                                     buf.nbytes, name),
-                          (region,))
+        ch = self._append_dma(_D2H, buf.handle, region.handle, buf.addr, region.iova,
+                              buf.nbytes, name, region)
         pending = Pending(self, ch.seq, region, buf.shape, buf.dtype, out)
         ch.downloads.append(pending)
         return pending
@@ -382,8 +396,7 @@ class Stream:
                              f"{dst.shape} {dst.dtype}: dtype and element count must match")
         site = _caller()
         name = lambda: f"copy {src.addr:#x} -> {dst.addr:#x} ({_where(site)})"
-        self._append(_DMA_LEN, (dst.handle, src.handle),
-                     lambda b: b._dma_unchecked(_D2D, src.addr, dst.addr, src.nbytes, name))
+        self._append_dma(_D2D, dst.handle, src.handle, src.addr, dst.addr, src.nbytes, name)
 
     def fill(self, buf: Buffer, value: int | float) -> None:
         """Set every element of `buf` to `value` (FILL; a tail under 4 bytes by DMA)."""
@@ -413,11 +426,8 @@ class Stream:
         if tail:
             region = self._staging.alloc(tail, self._open.seq)
             region.array()[:] = np.frombuffer(raw[:tail], np.uint8)
-            self._append(_DMA_LEN, (buf.handle, region.handle),
-                         lambda b: b._dma_unchecked(_H2D, region.iova, buf.addr + body, tail,
-                                                    lambda: f"fill tail {tail} bytes "
-                                                            f"({_where(site)})"),
-                         (region,))
+            self._append_dma(_H2D, buf.handle, region.handle, region.iova, buf.addr + body,
+                             tail, lambda: f"fill tail {tail} bytes ({_where(site)})", region)
 
     def gemm(self, a: Buffer, b: Buffer, c: Buffer, bias: Buffer | None = None,
              alpha: float = 1.0, beta: float = 0.0, trans_a: bool = False,
