@@ -89,18 +89,18 @@ class SubmissionResult:
 class _Chunk:
     """One command buffer of a stream: open, then in flight until retired."""
 
-    __slots__ = ("seq", "builder", "handles", "downloads", "fence", "submit_error",
-                 "nbytes", "commands")
+    # Set when the chunk is submitted (class defaults until then: one chunk is made
+    # per submission, and these four are read only once it is in flight).
+    fence: int | None = None
+    submit_error: BaseException | None = None
+    nbytes = 0
+    commands = 0
 
     def __init__(self, seq: int, builder: CommandBufferBuilder) -> None:
         self.seq = seq
         self.builder = builder
         self.handles: dict[int, None] = {}   # ordered set
         self.downloads: list[Pending] = []
-        self.fence: int | None = None
-        self.submit_error: BaseException | None = None
-        self.nbytes = 0     # bytes and commands, set when the chunk is submitted
-        self.commands = 0
 
 
 class Pending:
@@ -675,8 +675,9 @@ class Stream:
         if seq >= self._open.seq:
             self._submit_open()
         t = -1 if timeout_ns is None else int(timeout_ns)
-        while self._inflight and self._inflight[0].seq <= seq:
-            ch = self._inflight[0]
+        inflight = self._inflight
+        while inflight and inflight[0].seq <= seq:
+            ch = inflight[0]
             if not self._wait_one(ch, t):
                 raise TimeoutError(f"fence {ch.fence} of context {self.context.id} queue "
                                    f"{self.queue} did not signal within {t} ns")
