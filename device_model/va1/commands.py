@@ -114,14 +114,20 @@ class ResolveCache:
     whose host range is checked again on each use: `OpSpec.host_recheck`), keyed by
     their offset and exact bytes: such a command resolves from its bytes and the decode
     environment alone, so the same bytes in the same environment give the same Command
-    (a value, as `_nop_commands` shares). It is emptied whenever the environment may
-    resolve differently: another config, memory or negotiated features, a change of
-    the context's mappings (`AddressSpace.generation`); and when it is full."""
+    (a value, as `_nop_commands` shares). A whole buffer made only of such commands and
+    NOPs is kept too, under its exact bytes, with the host rechecks it owes (in command
+    order), so a buffer submitted again costs one lookup and those rechecks instead of a
+    walk. It is emptied whenever the environment may resolve differently: another
+    config, memory or negotiated features, a change of the context's mappings
+    (`AddressSpace.generation`); and when it is full."""
 
     MAX_ENTRIES = 1024
+    MAX_BUFFER_BYTES = 1 << 20   # bytes of whole buffers kept (their keys)
 
     def __init__(self) -> None:
         self._entries: dict[tuple[int, bytes], Command] = {}
+        self._buffers: dict[bytes, _KeptBuffer] = {}
+        self._buffer_bytes = 0
         self._state: tuple[object, ...] = ()
 
     def entries(self, env: DecodeEnv) -> dict[tuple[int, bytes], Command]:
@@ -133,11 +139,43 @@ class ResolveCache:
         if (len(old) != len(state) or any(a is not b for a, b in zip(old[:3], state[:3]))
                 or old[3:] != state[3:] or len(self._entries) >= self.MAX_ENTRIES):
             self._entries.clear()
+            self._buffers.clear()
+            self._buffer_bytes = 0
             self._state = state
         return self._entries
 
+    def buffer(self, buf: bytes) -> "_KeptBuffer | None":
+        """The kept decode of exactly `buf` (valid only right after `entries(env)`)."""
+        return self._buffers.get(buf)
+
+    def keep_buffer(self, buf: bytes, cmds: list[Command]) -> None:
+        """Keep a top-level buffer's decode if every command in it may be kept."""
+        rechecks: list[tuple[Command, Callable[[_Checker, Command], None]]] = []
+        for cmd in cmds:
+            op = cmd.opcode
+            if op is _NOP:
+                continue
+            if op not in _KEPT or cmd.path:
+                return
+            recheck = _KEPT[op]
+            if recheck is not None:
+                rechecks.append((cmd, recheck))
+        if self._buffer_bytes + len(buf) > self.MAX_BUFFER_BYTES:
+            self._buffers.clear()
+            self._buffer_bytes = 0
+            if len(buf) > self.MAX_BUFFER_BYTES:
+                return
+        self._buffers[buf] = _KeptBuffer(tuple(cmds), tuple(rechecks))
+        self._buffer_bytes += len(buf)
+
     def __len__(self) -> int:
         return len(self._entries)
+
+
+class _KeptBuffer(NamedTuple):
+    """A whole buffer's commands and the host rechecks each use owes, in order."""
+    cmds: tuple[Command, ...]
+    rechecks: tuple[tuple[Command, Callable[["_Checker", Command], None]], ...]
 
 
 class _Checker:
@@ -241,10 +279,23 @@ def decode(buf: bytes, env: DecodeEnv) -> list[Command]:
     """Validate a whole command buffer, every callee included; raises CommandError for
     the first bad command (a callee's error carries the offset of the top-level CALL)."""
     budget = _Budget(len(buf), isa.CALL_EXPANSION_FACTOR * env.config.max_cmdbuf_size)
-    memo = None
-    if env.cache is not None and type(buf) is bytes and not BREAKS:
-        memo = env.cache.entries(env)
-    return _decode(buf, env, 0, budget, memo)
+    cache = env.cache
+    if cache is None or type(buf) is not bytes or BREAKS:
+        return _decode(buf, env, 0, budget)
+    memo = cache.entries(env)
+    kept = cache.buffer(buf)
+    if kept is None:
+        cmds = _decode(buf, env, 0, budget, memo)
+        cache.keep_buffer(buf, cmds)
+        return cmds
+    # The same bytes decoded in this same environment: every command would be a memo
+    # hit (or a NOP made the same way), so only the host rechecks are left, in order.
+    if kept.rechecks:
+        ck = _Checker(env, 0, 0, budget)
+        for cmd, recheck in kept.rechecks:
+            ck.offset = cmd.offset
+            recheck(ck, cmd)
+    return list(kept.cmds)
 
 
 # A run of NOPs is found a power-of-two block of minimal NOPs (header only, no flags) at

@@ -137,6 +137,48 @@ def check_cmdbuf(top: bytes, owner: Callable[[int, int], Optional[T]],
     return Checked(w.segments, w.used)
 
 
+class CheckCache(Generic[T]):
+    """A device file's memo of checked buffers that follow no CALL, under their exact
+    bytes: such a check depends only on those bytes, the host-buffer index (`owner`,
+    which the file makes anew after every BO_CREATE and BO_FREE) and the two limits, so
+    the same bytes against the same index give the same result. A buffer that follows a
+    CALL is checked every time (its callee is read from memory user space may rewrite);
+    a refused buffer raises and is not kept. Emptied when the index or the limits change
+    and when its buffers hold MAX_BYTES."""
+
+    MAX_BYTES = 1 << 20
+
+    def __init__(self) -> None:
+        self._entries: dict[bytes, Checked[T]] = {}
+        self._bytes = 0
+        self._state: tuple[object, int, int] | None = None
+
+    def check(self, top: bytes, owner: Callable[[int, int], Optional[T]],
+              read: Callable[[int, int], bytes], max_cmdbuf_size: int,
+              max_call_depth: int) -> Checked[T]:
+        """`check_cmdbuf`, served from the memo when it may be."""
+        state = self._state
+        if (state is None or state[0] is not owner or state[1] != max_cmdbuf_size
+                or state[2] != max_call_depth):
+            self._clear()
+            self._state = (owner, max_cmdbuf_size, max_call_depth)
+        hit = self._entries.get(top)
+        if hit is not None:
+            return hit
+        checked = check_cmdbuf(top, owner, read, max_cmdbuf_size, max_call_depth)
+        if len(checked.segments) == 1:
+            if self._bytes + len(top) > self.MAX_BYTES:
+                self._clear()
+            if len(top) <= self.MAX_BYTES:
+                self._entries[top] = checked
+                self._bytes += len(top)
+        return checked
+
+    def _clear(self) -> None:
+        self._entries.clear()
+        self._bytes = 0
+
+
 class _Walk(Generic[T]):
     def __init__(self, owner: Callable[[int, int], Optional[T]],
                  read: Callable[[int, int], bytes], max_cmdbuf_size: int,
