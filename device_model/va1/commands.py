@@ -136,8 +136,9 @@ class ResolveCache:
         state = (env.config, env.memory, aspace, -1 if aspace is None else aspace.generation,
                  env.fp16, env.timestamp, env.int8)
         old = self._state
-        if (len(old) != len(state) or any(a is not b for a, b in zip(old[:3], state[:3]))
-                or old[3:] != state[3:] or len(self._entries) >= self.MAX_ENTRIES):
+        if (not old or old[0] is not state[0] or old[1] is not state[1]
+                or old[2] is not state[2] or old[3:] != state[3:]
+                or len(self._entries) >= self.MAX_ENTRIES):
             self._entries.clear()
             self._buffers.clear()
             self._buffer_bytes = 0

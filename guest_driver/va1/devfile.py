@@ -359,7 +359,7 @@ class VA1File:
         if count > U.MAX_SUBMIT_BUFFERS:
             raise _err(errno.EINVAL, f"SUBMIT: buffer_count {count} exceeds "
                                      f"{U.MAX_SUBMIT_BUFFERS}")
-        bos = [cmd] + [self._bo(int(a.handles[i])) for i in range(count)] if count else [cmd]
+        bos = [cmd] + [self._bo(h) for h in U.ffi.unpack(a.handles, count)] if count else [cmd]
         self.dev.check_alive()
         self.dev.check_ctx(ctx)
         mem = self.dev.kernel.memory
