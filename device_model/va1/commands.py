@@ -356,34 +356,38 @@ def _decode(buf: bytes, env: DecodeEnv, depth: int, budget: _Budget,
     unpack = _HDR_STRUCT.unpack_from
     append = cmds.append
     hdr, align = _HDR_SIZE, isa.ALIGN
+    startswith = buf.startswith
+    rck: _Checker | None = None   # the checker of the host rechecks, made once
     while pos < end:
         # Fast paths for runs of valid NOPs: exactly what OPS[NOP].resolve would build.
-        k = _nop_run(buf, pos) if buf.startswith(_MIN_NOP, pos) else 0
-        if k:
+        if startswith(_MIN_NOP, pos):
+            k = _nop_run(buf, pos)
             cmds.extend(_nop_commands(nop_cost, pos, k))
             pos += k * _HDR_SIZE
-        while end - pos >= hdr:
-            opcode_v, flags, length = unpack(buf, pos)
-            if (opcode_v != _NOP_V or flags or length < hdr or length % align
-                    or pos + length > end):
+            if pos >= end:
                 break
-            append(Command(_NOP, pos, nop_cost))
-            pos += length
-        if pos >= end:
-            break
-        if memo is not None and end - pos >= hdr:
-            # The same bytes at the same offset passed every check below in this same
-            # environment (a shorter, truncated slice cannot equal a kept command's bytes).
-            length = unpack(buf, pos)[2]
-            key = (pos, buf[pos:pos + length])
-            hit = memo.get(key)
-            if hit is not None:
-                recheck = _KEPT[hit.opcode]
-                if recheck is not None:
-                    recheck(_Checker(env, pos, depth, budget), hit)
-                append(hit)
+        if end - pos >= hdr:
+            opcode_v, flags, length = unpack(buf, pos)
+            if (opcode_v == _NOP_V and not flags and length >= hdr and not length % align
+                    and pos + length <= end):
+                append(Command(_NOP, pos, nop_cost))
                 pos += length
                 continue
+            if memo is not None:
+                # The same bytes at the same offset passed every check below in this
+                # same environment (a shorter, truncated slice cannot equal a kept
+                # command's bytes).
+                hit = memo.get((pos, buf[pos:pos + length]))
+                if hit is not None:
+                    recheck = _KEPT[hit.opcode]
+                    if recheck is not None:
+                        if rck is None:
+                            rck = _Checker(env, pos, depth, budget)
+                        rck.offset = pos
+                        recheck(rck, hit)
+                    append(hit)
+                    pos += length
+                    continue
         ck = _Checker(env, pos, depth, budget)
         if end - pos < _HDR_SIZE:
             raise ck.fail(Status.TRUNCATED, "no room for a header")

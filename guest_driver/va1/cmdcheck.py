@@ -42,11 +42,11 @@ HOST_OPERANDS: dict[isa.Opcode, tuple[tuple[str, str | int, str], ...]] = {
     isa.Opcode.WAIT: (("addr", 8, "read"),),
     isa.Opcode.CALL: (("addr", "size", "call"),),
 }
-_OPCODES = {int(o): o for o in isa.Opcode}
 _NOP = isa.Opcode.NOP
 _NOP_V = int(_NOP)
 _LENGTHS = {o: isa.command_length(o) for o in isa.Opcode}
 _HDR = struct.Struct(isa.HEADER.format)
+_HDR_SIZE = isa.HEADER.size
 _PAYLOAD = {op: struct.Struct(lay.format) for op, lay in isa.PAYLOAD.items()}
 _CALL_PATCH = isa.HEADER.size + isa.PAYLOAD[isa.Opcode.CALL].offsets["addr"]
 # HOST_OPERANDS by payload position: op -> (payload struct, field names, ((address
@@ -60,6 +60,12 @@ _HOST_FIELDS: dict[isa.Opcode, tuple[struct.Struct, tuple[str, ...],
         for a, sz, how in operands))
     for op, operands in HOST_OPERANDS.items()
 }
+# The same, keyed by the opcode's value as the header holds it (no enum per command):
+# value -> (payload struct, field names, operands, opcode); and every opcode's length.
+_HOST_BY_VALUE = {int(op): (st, names, operands, op)
+                  for op, (st, names, operands) in _HOST_FIELDS.items()}
+_LENGTH_BY_VALUE = {int(o): n for o, n in _LENGTHS.items()}
+_CALL_V = int(isa.Opcode.CALL)
 # Blocks of 1, 2, 4 ... header-only NOPs without flags: a run of them is skipped a block
 # at a time (they have no operands).
 _BARE_NOP = _HDR.pack(_NOP_V, 0, isa.HEADER.size)
@@ -198,53 +204,48 @@ class _Walk(Generic[T]):
         (nothing after it runs, so the walk stops)."""
         buf = bytes(self.segments[index].data)
         pos, end = 0, len(buf)
-        unpack, hdr, align = _HDR.unpack_from, isa.HEADER.size, isa.ALIGN
+        unpack, hdr, align = _HDR.unpack_from, _HDR_SIZE, isa.ALIGN
+        startswith = buf.startswith
+        owner, seen, used = self.owner, self._seen, self.used
         while pos < end:
-            pos = _skip_bare_nops(buf, pos)
-            if pos >= end:
-                break
+            if startswith(_BARE_NOP, pos):
+                pos = _skip_bare_nops(buf, pos)
+                if pos >= end:
+                    break
             if end - pos < hdr:
                 return False                                    # TRUNCATED
             opcode, flags, length = unpack(buf, pos)
-            if opcode == _NOP_V and length >= hdr and not length % align \
-                    and pos + length <= end:
-                pos += length   # a good NOP: the checks below pass, it has no operands
+            if length < hdr or length % align or pos + length > end:
+                return False                                    # BAD_LENGTH, TRUNCATED
+            if opcode == _NOP_V:
+                pos += length   # a good NOP: no operands
                 continue
-            op = _OPCODES.get(opcode)
-            if op is None:
+            want = _LENGTH_BY_VALUE.get(opcode)
+            if want is None:
                 return False                                    # BAD_OPCODE
-            if length < isa.HEADER.size or length % isa.ALIGN or (
-                    op != _NOP and length != _LENGTHS[op]):
+            if length != want:
                 return False                                    # BAD_LENGTH
-            if pos + length > end:
-                return False                                    # TRUNCATED
-            host = _HOST_FIELDS.get(op)
+            host = _HOST_BY_VALUE.get(opcode)
             if host is not None:
-                st, names, operands = host
+                st, names, operands, op = host
                 p = st.unpack_from(buf, pos + hdr)
                 for ai, si, fixed, addr_f, how in operands:
-                    self._check(path, pos, op, addr_f, p[ai], p[si] if si >= 0 else fixed,
-                                how)
-                if op == isa.Opcode.CALL and not self._call(index, pos, flags,
-                                                            dict(zip(names, p)), depth,
-                                                            path + (pos,)):
+                    size = p[si] if si >= 0 else fixed
+                    if not size:
+                        continue  # BAD_SHAPE on the device: no byte is accessed
+                    addr = p[ai]
+                    bo = owner(addr, size)
+                    if bo is None:
+                        raise _efault(path + (pos,), op, addr_f, addr, size, how)
+                    if id(bo) not in seen:
+                        seen.add(id(bo))
+                        used.append(bo)
+                if opcode == _CALL_V and not self._call(index, pos, flags,
+                                                        dict(zip(names, p)), depth,
+                                                        path + (pos,)):
                     return False
             pos += length
         return True
-
-    def _check(self, path: tuple[int, ...], pos: int, op: isa.Opcode, name: str, addr: int,
-               size: int, how: str) -> None:
-        """The host range of the command at `pos` (`path`: the CALLs above it)."""
-        if size == 0:
-            return  # BAD_SHAPE on the device: no byte is accessed
-        bo = self.owner(addr, size)
-        if bo is None:
-            raise VA1Error(errno.EFAULT, f"SUBMIT: {_where(path + (pos,))} ({op.name}) {how}s "
-                                         f"host range [{addr:#x}, +{size:#x}) ({name}), "
-                                         "which is not inside a HOST buffer of this file")
-        if id(bo) not in self._seen:
-            self._seen.add(id(bo))
-            self.used.append(bo)
 
     def _call(self, index: int, pos: int, flags: int, v: dict[str, int], depth: int,
               path: tuple[int, ...]) -> bool:
@@ -258,6 +259,15 @@ class _Walk(Generic[T]):
         self.segments.append(Segment(bytearray(self.read(v["addr"], size))))
         self.segments[index].patches.append((pos, callee))
         return self.walk(callee, depth + 1, path)
+
+
+def _efault(path: tuple[int, ...], op: isa.Opcode, name: str, addr: int, size: int,
+            how: str) -> VA1Error:
+    """The refusal of the host range `name` of the command at `path` (the CALLs above
+    it, then its offset)."""
+    return VA1Error(errno.EFAULT, f"SUBMIT: {_where(path)} ({op.name}) {how}s host range "
+                                  f"[{addr:#x}, +{size:#x}) ({name}), which is not inside a "
+                                  "HOST buffer of this file")
 
 
 def _where(path: tuple[int, ...]) -> str:

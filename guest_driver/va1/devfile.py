@@ -359,7 +359,9 @@ class VA1File:
         if count > U.MAX_SUBMIT_BUFFERS:
             raise _err(errno.EINVAL, f"SUBMIT: buffer_count {count} exceeds "
                                      f"{U.MAX_SUBMIT_BUFFERS}")
-        bos = [cmd] + [self._bo(h) for h in U.ffi.unpack(a.handles, count)] if count else [cmd]
+        handles: list[int] = (U.ffi.unpack(a.handles, count)  # type: ignore[assignment]
+                              if count else [])
+        bos = [cmd] + [self._bo(h) for h in handles]
         self.dev.check_alive()
         self.dev.check_ctx(ctx)
         mem = self.dev.kernel.memory
