@@ -149,18 +149,10 @@ class ResolveCache:
         """The kept decode of exactly `buf` (valid only right after `entries(env)`)."""
         return self._buffers.get(buf)
 
-    def keep_buffer(self, buf: bytes, cmds: list[Command]) -> None:
-        """Keep a top-level buffer's decode if every command in it may be kept."""
-        rechecks: list[tuple[Command, Callable[[_Checker, Command], None]]] = []
-        for cmd in cmds:
-            op = cmd.opcode
-            if op is _NOP:
-                continue
-            if op not in _KEPT or cmd.path:
-                return
-            recheck = _KEPT[op]
-            if recheck is not None:
-                rechecks.append((cmd, recheck))
+    def keep_buffer(self, buf: bytes, cmds: list[Command],
+                    rechecks: list[tuple[Command, Recheck]]) -> None:
+        """Keep a top-level buffer's decode, every command of which may be kept (NOPs
+        included), with the host rechecks its commands owe, in order."""
         if self._buffer_bytes + len(buf) > self.MAX_BUFFER_BYTES:
             self._buffers.clear()
             self._buffer_bytes = 0
@@ -173,10 +165,23 @@ class ResolveCache:
         return len(self._entries)
 
 
+Recheck = Callable[["_Checker", Command], None]
+
+
 class _KeptBuffer(NamedTuple):
     """A whole buffer's commands and the host rechecks each use owes, in order."""
     cmds: tuple[Command, ...]
-    rechecks: tuple[tuple[Command, Callable[["_Checker", Command], None]], ...]
+    rechecks: tuple[tuple[Command, Recheck], ...]
+
+
+class _Owed:
+    """While a top-level buffer is decoded: the host rechecks its kept commands owe, in
+    order, and whether every command in it may be kept (NOPs may: they come from their
+    offset and the config alone)."""
+
+    def __init__(self) -> None:
+        self.rechecks: list[tuple[Command, Recheck]] = []
+        self.whole = True
 
 
 class _Checker:
@@ -286,8 +291,10 @@ def decode(buf: bytes, env: DecodeEnv) -> list[Command]:
     memo = cache.entries(env)
     kept = cache.buffer(buf)
     if kept is None:
-        cmds = _decode(buf, env, 0, budget, memo)
-        cache.keep_buffer(buf, cmds)
+        owed = _Owed()
+        cmds = _decode(buf, env, 0, budget, memo, owed)
+        if owed.whole:
+            cache.keep_buffer(buf, cmds, owed.rechecks)
         return cmds
     # The same bytes decoded in this same environment: every command would be a memo
     # hit (or a NOP made the same way), so only the host rechecks are left, in order.
@@ -348,7 +355,10 @@ def _nop_commands(cost: int, pos: int, k: int) -> list[Command]:
 
 
 def _decode(buf: bytes, env: DecodeEnv, depth: int, budget: _Budget,
-            memo: dict[tuple[int, bytes], Command] | None = None) -> list[Command]:
+            memo: dict[tuple[int, bytes], Command] | None = None,
+            owed: "_Owed | None" = None) -> list[Command]:
+    """The commands of `buf`; kept ones are taken from and put into `memo`, and what
+    keeping the whole buffer takes is noted in `owed` (see `decode`)."""
     cmds: list[Command] = []
     pos = 0
     end = len(buf)
@@ -385,6 +395,8 @@ def _decode(buf: bytes, env: DecodeEnv, depth: int, budget: _Budget,
                             rck = _Checker(env, pos, depth, budget)
                         rck.offset = pos
                         recheck(rck, hit)
+                        if owed is not None:
+                            owed.rechecks.append((hit, recheck))
                     append(hit)
                     pos += length
                     continue
@@ -404,6 +416,10 @@ def _decode(buf: bytes, env: DecodeEnv, depth: int, budget: _Budget,
         resolve(ck, opcode, flags, payload, cmds)
         if memo is not None and opcode in _KEPT:
             memo[(pos, buf[pos:pos + length])] = cmds[-1]
+            if owed is not None and (recheck := _KEPT[opcode]) is not None:
+                owed.rechecks.append((cmds[-1], recheck))
+        elif owed is not None:
+            owed.whole = False
         pos += length
     return cmds
 

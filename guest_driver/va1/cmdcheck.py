@@ -129,14 +129,29 @@ class Checked(Generic[T]):
         return bytes(out)
 
 
+def _only_bare_nops(top: bytes) -> Optional[Checked[T]]:
+    """The check of a buffer of only header-only NOPs (no operand, no callee: nothing to
+    check, and cheaper to find than a memo entry), or None."""
+    if _skip_bare_nops(top, 0) == len(top):
+        return Checked([Segment(bytearray(top))], [])
+    return None
+
+
 def check_cmdbuf(top: bytes, owner: Callable[[int, int], Optional[T]],
                  read: Callable[[int, int], bytes], max_cmdbuf_size: int,
                  max_call_depth: int) -> Checked[T]:
     """Walk `top` (and its callees) as the device validates it; `owner(addr, size)` is
     the caller's buffer holding [addr, addr+size) or None; `read` reads guest memory.
     Raises VA1Error(EFAULT) naming the first host range outside the caller's buffers."""
-    if _skip_bare_nops(top, 0) == len(top):  # only NOPs: no operand, no callee
-        return Checked([Segment(bytearray(top))], [])
+    nops: Optional[Checked[T]] = _only_bare_nops(top)
+    if nops is not None:
+        return nops
+    return _walk_top(top, owner, read, max_cmdbuf_size, max_call_depth)
+
+
+def _walk_top(top: bytes, owner: Callable[[int, int], Optional[T]],
+              read: Callable[[int, int], bytes], max_cmdbuf_size: int,
+              max_call_depth: int) -> Checked[T]:
     w = _Walk(owner, read, max_cmdbuf_size, max_call_depth, len(top))
     w.segments.append(Segment(bytearray(top)))
     w.walk(0, 0, ())
@@ -168,10 +183,13 @@ class CheckCache(Generic[T]):
                 or state[2] != max_call_depth):
             self._clear()
             self._state = (owner, max_cmdbuf_size, max_call_depth)
+        nops: Optional[Checked[T]] = _only_bare_nops(top)
+        if nops is not None:
+            return nops
         hit = self._entries.get(top)
         if hit is not None:
             return hit
-        checked = check_cmdbuf(top, owner, read, max_cmdbuf_size, max_call_depth)
+        checked: Checked[T] = _walk_top(top, owner, read, max_cmdbuf_size, max_call_depth)
         if len(checked.segments) == 1:
             if self._bytes + len(top) > self.MAX_BYTES:
                 self._clear()
