@@ -301,10 +301,15 @@ def test_a_kept_buffer_is_served_whole_with_its_host_rechecks() -> None:
     assert cache.buffer(buf) is not None
     again = C.decode(buf, env)
     assert again is not first and all(a is b for a, b in zip(again, first))
+    # a longer buffer whose commands were kept one by one owes the same recheck
+    longer = buf + nop()
+    C.decode(longer, env)
+    assert [c for c, _ in cache.buffer(longer).rechecks] == [first[1]]
     port.limit = 0x1080
-    with pytest.raises(C.CommandError) as ei:
-        C.decode(buf, env)
-    assert (ei.value.status, ei.value.offset) == (Status.DMA_FAULT, 8)
+    for b in (buf, longer):
+        with pytest.raises(C.CommandError) as ei:
+            C.decode(b, env)
+        assert (ei.value.status, ei.value.offset) == (Status.DMA_FAULT, 8)
     with_signal = buf + signal(0x1800, 1)
     port.limit = 0x2000
     C.decode(with_signal, env)
