@@ -183,12 +183,12 @@ class CheckCache(Generic[T]):
                 or state[2] != max_call_depth):
             self._clear()
             self._state = (owner, max_cmdbuf_size, max_call_depth)
-        nops: Optional[Checked[T]] = _only_bare_nops(top)
-        if nops is not None:
-            return nops
         hit = self._entries.get(top)
         if hit is not None:
             return hit
+        nops: Optional[Checked[T]] = _only_bare_nops(top)
+        if nops is not None:
+            return nops   # not kept: cheaper to find again than to keep
         checked: Checked[T] = _walk_top(top, owner, read, max_cmdbuf_size, max_call_depth)
         if len(checked.segments) == 1:
             if self._bytes + len(top) > self.MAX_BYTES:
