@@ -114,14 +114,20 @@ class ResolveCache:
     whose host range is checked again on each use: `OpSpec.host_recheck`), keyed by
     their offset and exact bytes: such a command resolves from its bytes and the decode
     environment alone, so the same bytes in the same environment give the same Command
-    (a value, as `_nop_commands` shares). It is emptied whenever the environment may
-    resolve differently: another config, memory or negotiated features, a change of
-    the context's mappings (`AddressSpace.generation`); and when it is full."""
+    (a value, as `_nop_commands` shares). A whole buffer made only of such commands and
+    NOPs is kept too, under its exact bytes, with the host rechecks it owes (in command
+    order), so a buffer submitted again costs one lookup and those rechecks instead of a
+    walk. It is emptied whenever the environment may resolve differently: another
+    config, memory or negotiated features, a change of the context's mappings
+    (`AddressSpace.generation`); and when it is full."""
 
     MAX_ENTRIES = 1024
+    MAX_BUFFER_BYTES = 1 << 20   # bytes of whole buffers kept (their keys)
 
     def __init__(self) -> None:
         self._entries: dict[tuple[int, bytes], Command] = {}
+        self._buffers: dict[bytes, _KeptBuffer] = {}
+        self._buffer_bytes = 0
         self._state: tuple[object, ...] = ()
 
     def entries(self, env: DecodeEnv) -> dict[tuple[int, bytes], Command]:
@@ -130,14 +136,52 @@ class ResolveCache:
         state = (env.config, env.memory, aspace, -1 if aspace is None else aspace.generation,
                  env.fp16, env.timestamp, env.int8)
         old = self._state
-        if (len(old) != len(state) or any(a is not b for a, b in zip(old[:3], state[:3]))
-                or old[3:] != state[3:] or len(self._entries) >= self.MAX_ENTRIES):
+        if (not old or old[0] is not state[0] or old[1] is not state[1]
+                or old[2] is not state[2] or old[3:] != state[3:]
+                or len(self._entries) >= self.MAX_ENTRIES):
             self._entries.clear()
+            self._buffers.clear()
+            self._buffer_bytes = 0
             self._state = state
         return self._entries
 
+    def buffer(self, buf: bytes) -> "_KeptBuffer | None":
+        """The kept decode of exactly `buf` (valid only right after `entries(env)`)."""
+        return self._buffers.get(buf)
+
+    def keep_buffer(self, buf: bytes, cmds: list[Command],
+                    rechecks: list[tuple[Command, Recheck]]) -> None:
+        """Keep a top-level buffer's decode, every command of which may be kept (NOPs
+        included), with the host rechecks its commands owe, in order."""
+        if self._buffer_bytes + len(buf) > self.MAX_BUFFER_BYTES:
+            self._buffers.clear()
+            self._buffer_bytes = 0
+            if len(buf) > self.MAX_BUFFER_BYTES:
+                return
+        self._buffers[buf] = _KeptBuffer(tuple(cmds), tuple(rechecks))
+        self._buffer_bytes += len(buf)
+
     def __len__(self) -> int:
         return len(self._entries)
+
+
+Recheck = Callable[["_Checker", Command], None]
+
+
+class _KeptBuffer(NamedTuple):
+    """A whole buffer's commands and the host rechecks each use owes, in order."""
+    cmds: tuple[Command, ...]
+    rechecks: tuple[tuple[Command, Recheck], ...]
+
+
+class _Owed:
+    """While a top-level buffer is decoded: the host rechecks its kept commands owe, in
+    order, and whether every command in it may be kept (NOPs may: they come from their
+    offset and the config alone)."""
+
+    def __init__(self) -> None:
+        self.rechecks: list[tuple[Command, Recheck]] = []
+        self.whole = True
 
 
 class _Checker:
@@ -241,10 +285,25 @@ def decode(buf: bytes, env: DecodeEnv) -> list[Command]:
     """Validate a whole command buffer, every callee included; raises CommandError for
     the first bad command (a callee's error carries the offset of the top-level CALL)."""
     budget = _Budget(len(buf), isa.CALL_EXPANSION_FACTOR * env.config.max_cmdbuf_size)
-    memo = None
-    if env.cache is not None and type(buf) is bytes and not BREAKS:
-        memo = env.cache.entries(env)
-    return _decode(buf, env, 0, budget, memo)
+    cache = env.cache
+    if cache is None or type(buf) is not bytes or BREAKS:
+        return _decode(buf, env, 0, budget)
+    memo = cache.entries(env)
+    kept = cache.buffer(buf)
+    if kept is None:
+        owed = _Owed()
+        cmds = _decode(buf, env, 0, budget, memo, owed)
+        if owed.whole:
+            cache.keep_buffer(buf, cmds, owed.rechecks)
+        return cmds
+    # The same bytes decoded in this same environment: every command would be a memo
+    # hit (or a NOP made the same way), so only the host rechecks are left, in order.
+    if kept.rechecks:
+        ck = _Checker(env, 0, 0, budget)
+        for cmd, recheck in kept.rechecks:
+            ck.offset = cmd.offset
+            recheck(ck, cmd)
+    return list(kept.cmds)
 
 
 # A run of NOPs is found a power-of-two block of minimal NOPs (header only, no flags) at
@@ -296,7 +355,10 @@ def _nop_commands(cost: int, pos: int, k: int) -> list[Command]:
 
 
 def _decode(buf: bytes, env: DecodeEnv, depth: int, budget: _Budget,
-            memo: dict[tuple[int, bytes], Command] | None = None) -> list[Command]:
+            memo: dict[tuple[int, bytes], Command] | None = None,
+            owed: "_Owed | None" = None) -> list[Command]:
+    """The commands of `buf`; kept ones are taken from and put into `memo`, and what
+    keeping the whole buffer takes is noted in `owed` (see `decode`)."""
     cmds: list[Command] = []
     pos = 0
     end = len(buf)
@@ -304,34 +366,40 @@ def _decode(buf: bytes, env: DecodeEnv, depth: int, budget: _Budget,
     unpack = _HDR_STRUCT.unpack_from
     append = cmds.append
     hdr, align = _HDR_SIZE, isa.ALIGN
+    startswith = buf.startswith
+    rck: _Checker | None = None   # the checker of the host rechecks, made once
     while pos < end:
         # Fast paths for runs of valid NOPs: exactly what OPS[NOP].resolve would build.
-        k = _nop_run(buf, pos) if buf.startswith(_MIN_NOP, pos) else 0
-        if k:
+        if startswith(_MIN_NOP, pos):
+            k = _nop_run(buf, pos)
             cmds.extend(_nop_commands(nop_cost, pos, k))
             pos += k * _HDR_SIZE
-        while end - pos >= hdr:
-            opcode_v, flags, length = unpack(buf, pos)
-            if (opcode_v != _NOP_V or flags or length < hdr or length % align
-                    or pos + length > end):
+            if pos >= end:
                 break
-            append(Command(_NOP, pos, nop_cost))
-            pos += length
-        if pos >= end:
-            break
-        if memo is not None and end - pos >= hdr:
-            # The same bytes at the same offset passed every check below in this same
-            # environment (a shorter, truncated slice cannot equal a kept command's bytes).
-            length = unpack(buf, pos)[2]
-            key = (pos, buf[pos:pos + length])
-            hit = memo.get(key)
-            if hit is not None:
-                recheck = _KEPT[hit.opcode]
-                if recheck is not None:
-                    recheck(_Checker(env, pos, depth, budget), hit)
-                append(hit)
+        if end - pos >= hdr:
+            opcode_v, flags, length = unpack(buf, pos)
+            if (opcode_v == _NOP_V and not flags and length >= hdr and not length % align
+                    and pos + length <= end):
+                append(Command(_NOP, pos, nop_cost))
                 pos += length
                 continue
+            if memo is not None:
+                # The same bytes at the same offset passed every check below in this
+                # same environment (a shorter, truncated slice cannot equal a kept
+                # command's bytes).
+                hit = memo.get((pos, buf[pos:pos + length]))
+                if hit is not None:
+                    recheck = _KEPT[hit.opcode]
+                    if recheck is not None:
+                        if rck is None:
+                            rck = _Checker(env, pos, depth, budget)
+                        rck.offset = pos
+                        recheck(rck, hit)
+                        if owed is not None:
+                            owed.rechecks.append((hit, recheck))
+                    append(hit)
+                    pos += length
+                    continue
         ck = _Checker(env, pos, depth, budget)
         if end - pos < _HDR_SIZE:
             raise ck.fail(Status.TRUNCATED, "no room for a header")
@@ -348,6 +416,10 @@ def _decode(buf: bytes, env: DecodeEnv, depth: int, budget: _Budget,
         resolve(ck, opcode, flags, payload, cmds)
         if memo is not None and opcode in _KEPT:
             memo[(pos, buf[pos:pos + length])] = cmds[-1]
+            if owed is not None and (recheck := _KEPT[opcode]) is not None:
+                owed.rechecks.append((cmds[-1], recheck))
+        elif owed is not None:
+            owed.whole = False
         pos += length
     return cmds
 

@@ -42,11 +42,11 @@ HOST_OPERANDS: dict[isa.Opcode, tuple[tuple[str, str | int, str], ...]] = {
     isa.Opcode.WAIT: (("addr", 8, "read"),),
     isa.Opcode.CALL: (("addr", "size", "call"),),
 }
-_OPCODES = {int(o): o for o in isa.Opcode}
 _NOP = isa.Opcode.NOP
 _NOP_V = int(_NOP)
 _LENGTHS = {o: isa.command_length(o) for o in isa.Opcode}
 _HDR = struct.Struct(isa.HEADER.format)
+_HDR_SIZE = isa.HEADER.size
 _PAYLOAD = {op: struct.Struct(lay.format) for op, lay in isa.PAYLOAD.items()}
 _CALL_PATCH = isa.HEADER.size + isa.PAYLOAD[isa.Opcode.CALL].offsets["addr"]
 # HOST_OPERANDS by payload position: op -> (payload struct, field names, ((address
@@ -60,6 +60,12 @@ _HOST_FIELDS: dict[isa.Opcode, tuple[struct.Struct, tuple[str, ...],
         for a, sz, how in operands))
     for op, operands in HOST_OPERANDS.items()
 }
+# The same, keyed by the opcode's value as the header holds it (no enum per command):
+# value -> (payload struct, field names, operands, opcode); and every opcode's length.
+_HOST_BY_VALUE = {int(op): (st, names, operands, op)
+                  for op, (st, names, operands) in _HOST_FIELDS.items()}
+_LENGTH_BY_VALUE = {int(o): n for o, n in _LENGTHS.items()}
+_CALL_V = int(isa.Opcode.CALL)
 # Blocks of 1, 2, 4 ... header-only NOPs without flags: a run of them is skipped a block
 # at a time (they have no operands).
 _BARE_NOP = _HDR.pack(_NOP_V, 0, isa.HEADER.size)
@@ -123,18 +129,78 @@ class Checked(Generic[T]):
         return bytes(out)
 
 
+def _only_bare_nops(top: bytes) -> Optional[Checked[T]]:
+    """The check of a buffer of only header-only NOPs (no operand, no callee: nothing to
+    check, and cheaper to find than a memo entry), or None."""
+    if _skip_bare_nops(top, 0) == len(top):
+        return Checked([Segment(bytearray(top))], [])
+    return None
+
+
 def check_cmdbuf(top: bytes, owner: Callable[[int, int], Optional[T]],
                  read: Callable[[int, int], bytes], max_cmdbuf_size: int,
                  max_call_depth: int) -> Checked[T]:
     """Walk `top` (and its callees) as the device validates it; `owner(addr, size)` is
     the caller's buffer holding [addr, addr+size) or None; `read` reads guest memory.
     Raises VA1Error(EFAULT) naming the first host range outside the caller's buffers."""
-    if _skip_bare_nops(top, 0) == len(top):  # only NOPs: no operand, no callee
-        return Checked([Segment(bytearray(top))], [])
+    nops: Optional[Checked[T]] = _only_bare_nops(top)
+    if nops is not None:
+        return nops
+    return _walk_top(top, owner, read, max_cmdbuf_size, max_call_depth)
+
+
+def _walk_top(top: bytes, owner: Callable[[int, int], Optional[T]],
+              read: Callable[[int, int], bytes], max_cmdbuf_size: int,
+              max_call_depth: int) -> Checked[T]:
     w = _Walk(owner, read, max_cmdbuf_size, max_call_depth, len(top))
     w.segments.append(Segment(bytearray(top)))
     w.walk(0, 0, ())
     return Checked(w.segments, w.used)
+
+
+class CheckCache(Generic[T]):
+    """A device file's memo of checked buffers that follow no CALL, under their exact
+    bytes: such a check depends only on those bytes, the host-buffer index (`owner`,
+    which the file makes anew after every BO_CREATE and BO_FREE) and the two limits, so
+    the same bytes against the same index give the same result. A buffer that follows a
+    CALL is checked every time (its callee is read from memory user space may rewrite);
+    a refused buffer raises and is not kept. Emptied when the index or the limits change
+    and when its buffers hold MAX_BYTES."""
+
+    MAX_BYTES = 1 << 20
+
+    def __init__(self) -> None:
+        self._entries: dict[bytes, Checked[T]] = {}
+        self._bytes = 0
+        self._state: tuple[object, int, int] | None = None
+
+    def check(self, top: bytes, owner: Callable[[int, int], Optional[T]],
+              read: Callable[[int, int], bytes], max_cmdbuf_size: int,
+              max_call_depth: int) -> Checked[T]:
+        """`check_cmdbuf`, served from the memo when it may be."""
+        state = self._state
+        if (state is None or state[0] is not owner or state[1] != max_cmdbuf_size
+                or state[2] != max_call_depth):
+            self._clear()
+            self._state = (owner, max_cmdbuf_size, max_call_depth)
+        hit = self._entries.get(top)
+        if hit is not None:
+            return hit
+        nops: Optional[Checked[T]] = _only_bare_nops(top)
+        if nops is not None:
+            return nops   # not kept: cheaper to find again than to keep
+        checked: Checked[T] = _walk_top(top, owner, read, max_cmdbuf_size, max_call_depth)
+        if len(checked.segments) == 1:
+            if self._bytes + len(top) > self.MAX_BYTES:
+                self._clear()
+            if len(top) <= self.MAX_BYTES:
+                self._entries[top] = checked
+                self._bytes += len(top)
+        return checked
+
+    def _clear(self) -> None:
+        self._entries.clear()
+        self._bytes = 0
 
 
 class _Walk(Generic[T]):
@@ -156,53 +222,48 @@ class _Walk(Generic[T]):
         (nothing after it runs, so the walk stops)."""
         buf = bytes(self.segments[index].data)
         pos, end = 0, len(buf)
-        unpack, hdr, align = _HDR.unpack_from, isa.HEADER.size, isa.ALIGN
+        unpack, hdr, align = _HDR.unpack_from, _HDR_SIZE, isa.ALIGN
+        startswith = buf.startswith
+        owner, seen, used = self.owner, self._seen, self.used
         while pos < end:
-            pos = _skip_bare_nops(buf, pos)
-            if pos >= end:
-                break
+            if startswith(_BARE_NOP, pos):
+                pos = _skip_bare_nops(buf, pos)
+                if pos >= end:
+                    break
             if end - pos < hdr:
                 return False                                    # TRUNCATED
             opcode, flags, length = unpack(buf, pos)
-            if opcode == _NOP_V and length >= hdr and not length % align \
-                    and pos + length <= end:
-                pos += length   # a good NOP: the checks below pass, it has no operands
+            if length < hdr or length % align or pos + length > end:
+                return False                                    # BAD_LENGTH, TRUNCATED
+            if opcode == _NOP_V:
+                pos += length   # a good NOP: no operands
                 continue
-            op = _OPCODES.get(opcode)
-            if op is None:
+            want = _LENGTH_BY_VALUE.get(opcode)
+            if want is None:
                 return False                                    # BAD_OPCODE
-            if length < isa.HEADER.size or length % isa.ALIGN or (
-                    op != _NOP and length != _LENGTHS[op]):
+            if length != want:
                 return False                                    # BAD_LENGTH
-            if pos + length > end:
-                return False                                    # TRUNCATED
-            host = _HOST_FIELDS.get(op)
+            host = _HOST_BY_VALUE.get(opcode)
             if host is not None:
-                st, names, operands = host
+                st, names, operands, op = host
                 p = st.unpack_from(buf, pos + hdr)
                 for ai, si, fixed, addr_f, how in operands:
-                    self._check(path, pos, op, addr_f, p[ai], p[si] if si >= 0 else fixed,
-                                how)
-                if op == isa.Opcode.CALL and not self._call(index, pos, flags,
-                                                            dict(zip(names, p)), depth,
-                                                            path + (pos,)):
+                    size = p[si] if si >= 0 else fixed
+                    if not size:
+                        continue  # BAD_SHAPE on the device: no byte is accessed
+                    addr = p[ai]
+                    bo = owner(addr, size)
+                    if bo is None:
+                        raise _efault(path + (pos,), op, addr_f, addr, size, how)
+                    if id(bo) not in seen:
+                        seen.add(id(bo))
+                        used.append(bo)
+                if opcode == _CALL_V and not self._call(index, pos, flags,
+                                                        dict(zip(names, p)), depth,
+                                                        path + (pos,)):
                     return False
             pos += length
         return True
-
-    def _check(self, path: tuple[int, ...], pos: int, op: isa.Opcode, name: str, addr: int,
-               size: int, how: str) -> None:
-        """The host range of the command at `pos` (`path`: the CALLs above it)."""
-        if size == 0:
-            return  # BAD_SHAPE on the device: no byte is accessed
-        bo = self.owner(addr, size)
-        if bo is None:
-            raise VA1Error(errno.EFAULT, f"SUBMIT: {_where(path + (pos,))} ({op.name}) {how}s "
-                                         f"host range [{addr:#x}, +{size:#x}) ({name}), "
-                                         "which is not inside a HOST buffer of this file")
-        if id(bo) not in self._seen:
-            self._seen.add(id(bo))
-            self.used.append(bo)
 
     def _call(self, index: int, pos: int, flags: int, v: dict[str, int], depth: int,
               path: tuple[int, ...]) -> bool:
@@ -216,6 +277,15 @@ class _Walk(Generic[T]):
         self.segments.append(Segment(bytearray(self.read(v["addr"], size))))
         self.segments[index].patches.append((pos, callee))
         return self.walk(callee, depth + 1, path)
+
+
+def _efault(path: tuple[int, ...], op: isa.Opcode, name: str, addr: int, size: int,
+            how: str) -> VA1Error:
+    """The refusal of the host range `name` of the command at `path` (the CALLs above
+    it, then its offset)."""
+    return VA1Error(errno.EFAULT, f"SUBMIT: {_where(path)} ({op.name}) {how}s host range "
+                                  f"[{addr:#x}, +{size:#x}) ({name}), which is not inside a "
+                                  "HOST buffer of this file")
 
 
 def _where(path: tuple[int, ...]) -> str:

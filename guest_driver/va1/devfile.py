@@ -32,7 +32,7 @@ from hwspec import va1 as A
 
 from .. import uapi as U
 from ..mm import AllocError, PAGE_SIZE, align_up
-from .cmdcheck import check_cmdbuf
+from .cmdcheck import CheckCache
 from .driver import Context, VA1Device, VA1Error
 from .fence import Fence
 
@@ -80,6 +80,7 @@ class VA1File:
         # the cffi type each request takes, looked up once (ioctl is on every submission)
         self._arg_types = {req: U.ffi.typeof(U.IOCTL_STRUCT[req] + " *") for req in self._ops}
         self._owner: Callable[[int, int], BufferObject | None] | None = None  # _host_owner
+        self._checks: CheckCache[BufferObject] = CheckCache()
 
     # ------------------------------------------------------------------ entry points
     def ioctl(self, request: int, arg: Any) -> None:
@@ -358,12 +359,14 @@ class VA1File:
         if count > U.MAX_SUBMIT_BUFFERS:
             raise _err(errno.EINVAL, f"SUBMIT: buffer_count {count} exceeds "
                                      f"{U.MAX_SUBMIT_BUFFERS}")
-        bos = [cmd] + [self._bo(int(a.handles[i])) for i in range(count)] if count else [cmd]
+        handles: list[int] = (U.ffi.unpack(a.handles, count)  # type: ignore[assignment]
+                              if count else [])
+        bos = [cmd] + [self._bo(h) for h in handles]
         self.dev.check_alive()
         self.dev.check_ctx(ctx)
         mem = self.dev.kernel.memory
-        checked = check_cmdbuf(mem.read(cmd.addr + off, size), self._host_owner(), mem.read,
-                               max_size, self.dev.config["max_call_depth"])
+        checked = self._checks.check(mem.read(cmd.addr + off, size), self._host_owner(),
+                                     mem.read, max_size, self.dev.config["max_call_depth"])
         if checked.used:
             listed = {id(b) for b in bos}
             bos += [b for b in checked.used if id(b) not in listed]  # pinned until the fence

@@ -287,3 +287,34 @@ def test_kept_dmas_check_their_host_range_on_every_use() -> None:
         C.decode(buf, env)
     assert (ei.value.status, ei.value.offset) == (Status.DMA_FAULT, 8)
     assert "src" in ei.value.message
+
+
+def test_a_kept_buffer_is_served_whole_with_its_host_rechecks() -> None:
+    """A buffer of kept commands and NOPs is served whole the second time (the same
+    Commands in a fresh list) and still rechecks its DMAs' host ranges; a buffer with a
+    command that is never kept (SIGNAL) is not kept whole."""
+    cache = C.ResolveCache()
+    port = _Window(0x2000)
+    env = _ctx_env(None, cache)._replace(dma=port)
+    buf = nop() + h2d(0x1000, 0x100, 0x100) + gemm(4, 4, 4, 0, 0x100, 0x200)
+    first = C.decode(buf, env)
+    assert cache.buffer(buf) is not None
+    again = C.decode(buf, env)
+    assert again is not first and all(a is b for a, b in zip(again, first))
+    # a longer buffer whose commands were kept one by one owes the same recheck
+    longer = buf + nop()
+    C.decode(longer, env)
+    assert [c for c, _ in cache.buffer(longer).rechecks] == [first[1]]
+    port.limit = 0x1080
+    for b in (buf, longer):
+        with pytest.raises(C.CommandError) as ei:
+            C.decode(b, env)
+        assert (ei.value.status, ei.value.offset) == (Status.DMA_FAULT, 8)
+    with_signal = buf + signal(0x1800, 1)
+    port.limit = 0x2000
+    C.decode(with_signal, env)
+    assert cache.buffer(with_signal) is None
+    port.limit = 0x1800
+    with pytest.raises(C.CommandError) as ei:
+        C.decode(with_signal, env)
+    assert (ei.value.status, ei.value.offset) == (Status.DMA_FAULT, len(buf))

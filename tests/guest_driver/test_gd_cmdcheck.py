@@ -7,7 +7,7 @@ import struct
 
 import pytest
 
-from guest_driver.va1.cmdcheck import check_cmdbuf
+from guest_driver.va1.cmdcheck import CheckCache, check_cmdbuf
 from guest_driver.va1.driver import VA1Error
 from hwspec.isa import Opcode
 
@@ -48,3 +48,35 @@ def test_an_unknown_opcode_after_a_nop_run_stops_the_walk() -> None:
     # the device refuses the submission there: nothing after it runs, nor is checked
     unknown = struct.pack("<HHI", 0xFFFF, 0, 8)
     assert _check(_nop() * 9 + unknown + _signal(0x20000)) == []
+
+
+def _call(addr: int, size: int) -> bytes:
+    return struct.pack("<HHIQII", int(Opcode.CALL), 0, 24, addr, size, 0)
+
+
+def test_the_check_cache_keeps_call_free_buffers_for_the_same_host_index() -> None:
+    """The same bytes against the same host-buffer index are checked once; another
+    index (a BO_CREATE or BO_FREE makes one) checks again and refuses what it must;
+    a buffer that follows a CALL is read and checked on every SUBMIT."""
+    cache: CheckCache[str] = CheckCache()
+    reads: list[int] = []
+
+    def read(addr: int, size: int) -> bytes:
+        reads.append(addr)
+        return _signal(_HOST[0])
+    buf = _nop() + _signal(_HOST[0] + 8)
+    first = cache.check(buf, _owner, read, 1 << 20, 4)
+    assert first.used == ["host"] and cache.check(buf, _owner, read, 1 << 20, 4) is first
+
+    def no_host(addr: int, size: int) -> str | None:
+        return None
+    with pytest.raises(VA1Error) as ei:
+        cache.check(buf, no_host, read, 1 << 20, 4)
+    assert ei.value.errno == errno.EFAULT and "command at offset 8 (SIGNAL)" in str(ei.value)
+    with pytest.raises(VA1Error):
+        cache.check(buf, no_host, read, 1 << 20, 4)
+    called = _call(_HOST[0], 24)
+    for _ in range(2):
+        got = cache.check(called, _owner, read, 1 << 20, 4)
+        assert len(got.segments) == 2 and got.used == ["host"]
+    assert reads == [_HOST[0], _HOST[0]]

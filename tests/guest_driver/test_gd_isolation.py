@@ -99,6 +99,25 @@ def test_own_buffers_are_accepted_to_the_byte_and_not_one_past():
     assert struct.unpack("<Q", bytes(a.f.mmap(hc)[len(raw):len(raw) + 8]))[0] == 5
 
 
+def test_the_same_buffer_is_refused_again_once_the_buffer_it_names_is_freed():
+    """A checked buffer is kept per file under its bytes: submitted again it runs again,
+    and once a buffer it names is freed (or another is created at that address) the very
+    same command buffer is checked anew and refused."""
+    k, dev, drv, a, b = two_files()
+    cid = a.ctx()
+    h, iova = a.bo(4096)
+    raw = nop_cmdbuf(1) + cmd(isa.Opcode.SIGNAL, addr=iova + 8, value=7)
+    hc = a.cmdbuf(raw)
+    for _ in range(2):
+        assert a.wait(cid, a.submit(cid, hc, len(raw))).status == A.Status.OK
+    assert struct.unpack("<Q", bytes(a.f.mmap(h)[8:16]))[0] == 7
+    a.free(h)
+    e = expect_errno(errno.EFAULT, a.submit, cid, hc, len(raw))
+    assert "command at offset 8 (SIGNAL)" in str(e)
+    _, ib = b.bo(4096)                  # the address may now be another file's buffer
+    expect_errno(errno.EFAULT, a.submit, cid, hc, len(raw))
+
+
 def test_zero_sizes_and_commands_after_an_unparseable_one_are_left_to_the_device():
     k, dev, drv, a, b = two_files()
     cid = a.ctx()
