@@ -130,8 +130,10 @@ class ResolveCache:
         self._buffer_bytes = 0
         self._state: tuple[object, ...] = ()
 
-    def entries(self, env: DecodeEnv) -> dict[tuple[int, bytes], Command]:
-        """The memo valid in `env` (emptied first if `env` differs from its own)."""
+    def lookup(self, env: DecodeEnv, buf: bytes
+               ) -> tuple[dict[tuple[int, bytes], Command], "_KeptBuffer | None"]:
+        """The memo valid in `env` (emptied first if `env` differs from its own), and
+        the kept decode of exactly `buf` in it, if any."""
         aspace = env.aspace
         state = (env.config, env.memory, aspace, -1 if aspace is None else aspace.generation,
                  env.fp16, env.timestamp, env.int8)
@@ -143,10 +145,10 @@ class ResolveCache:
             self._buffers.clear()
             self._buffer_bytes = 0
             self._state = state
-        return self._entries
+        return self._entries, self._buffers.get(buf)
 
     def buffer(self, buf: bytes) -> "_KeptBuffer | None":
-        """The kept decode of exactly `buf` (valid only right after `entries(env)`)."""
+        """The kept decode of exactly `buf` (valid only right after `lookup`)."""
         return self._buffers.get(buf)
 
     def keep_buffer(self, buf: bytes, cmds: list[Command],
@@ -281,25 +283,28 @@ class _Budget:
         self.limit = limit
 
 
+def _top_budget(buf: bytes, env: DecodeEnv) -> _Budget:
+    """The CALL expansion budget of a top-level buffer."""
+    return _Budget(len(buf), isa.CALL_EXPANSION_FACTOR * env.config.max_cmdbuf_size)
+
+
 def decode(buf: bytes, env: DecodeEnv) -> list[Command]:
     """Validate a whole command buffer, every callee included; raises CommandError for
     the first bad command (a callee's error carries the offset of the top-level CALL)."""
-    budget = _Budget(len(buf), isa.CALL_EXPANSION_FACTOR * env.config.max_cmdbuf_size)
     cache = env.cache
     if cache is None or type(buf) is not bytes or BREAKS:
-        return _decode(buf, env, 0, budget)
-    memo = cache.entries(env)
-    kept = cache.buffer(buf)
+        return _decode(buf, env, 0, _top_budget(buf, env))
+    memo, kept = cache.lookup(env, buf)
     if kept is None:
         owed = _Owed()
-        cmds = _decode(buf, env, 0, budget, memo, owed)
+        cmds = _decode(buf, env, 0, _top_budget(buf, env), memo, owed)
         if owed.whole:
             cache.keep_buffer(buf, cmds, owed.rechecks)
         return cmds
     # The same bytes decoded in this same environment: every command would be a memo
     # hit (or a NOP made the same way), so only the host rechecks are left, in order.
     if kept.rechecks:
-        ck = _Checker(env, 0, 0, budget)
+        ck = _Checker(env, 0, 0, _top_budget(buf, env))
         for cmd, recheck in kept.rechecks:
             ck.offset = cmd.offset
             recheck(ck, cmd)

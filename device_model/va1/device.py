@@ -48,6 +48,8 @@ ADMIN_QUEUE_SIZE_MAX = 64
 ADMIN_CMD_MAX = 4096            # readable bytes of one admin command
 
 _NO_FAULT = frozenset({Status.OK, Status.ABORTED, Status.BAD_CONTEXT, Status.CONTEXT_FAULTED})
+_SUBMIT_REQ_SIZE = va1.SUBMIT_REQ.size
+_SUBMIT_RESP_SIZE = va1.SUBMIT_RESP.size
 _U64 = 1 << 64
 
 
@@ -158,14 +160,13 @@ class Va1Device(VirtioDevice):
         self.broken = False
         self.tracer.emit("activate", features=self.acked_features)
 
-    def notify(self, queue_index: int) -> None:
-        self._notified(queue_index, None)
-
     def notify_data(self, queue_index: int, next_off: int, next_wrap: int) -> None:
         """NOTIFICATION_DATA: the ring checks the claim before anything is taken."""
         self._notified(queue_index, (next_off, next_wrap))
 
-    def _notified(self, queue_index: int, data: tuple[int, int] | None) -> None:
+    def _notified(self, queue_index: int, data: tuple[int, int] | None = None) -> None:
+        """A notification of `queue_index`; `data`: NOTIFICATION_DATA's (next_off,
+        next_wrap)."""
         if not self.active or self.broken or not 0 <= queue_index < len(self.queues):
             return
         if self.migration_port.suspended:
@@ -188,6 +189,8 @@ class Va1Device(VirtioDevice):
             self._break(e)
         except Exception as e:  # never into the guest's MMIO write
             self.processor.failed(e)
+
+    notify = _notified   # VirtioDevice.notify(queue_index), without a call in between
 
     def reset_queue(self, queue_index: int) -> bool:
         """RING_RESET (spec §4.7): the queue's work is dropped, never answered (the driver
@@ -425,18 +428,18 @@ class Va1Device(VirtioDevice):
         q = self.queues[qi]
         # self._live() inlined: this loop runs for every submission
         while self.active and not self.broken and (chain := q.pop(self.dma)) is not None:
-            if (chain.readable_len < va1.SUBMIT_REQ.size
-                    or chain.writable_len < va1.SUBMIT_RESP.size):
+            if (chain.readable_len < _SUBMIT_REQ_SIZE
+                    or chain.writable_len < _SUBMIT_RESP_SIZE):
                 self.tracer.emit("bad_request", queue=qi, head=chain.head)
                 self._return_chain(qi, chain, bad_request_reply(chain.writable_len))
                 continue
             try:
-                raw = chain.read(self.dma, va1.SUBMIT_REQ.size)
+                raw = chain.read(self.dma, _SUBMIT_REQ_SIZE)
             except DmaFault as e:
                 raise RingError("ring/dma", f"submit request: {e}") from None
             self.processor.enqueue(Submission(qi, chain, SubmitRequest.unpack(raw)))
-        if self._live():
-            self.processor.dispatch()
+        if self.active and not self.broken:
+            self.processor.sched.dispatch()  # type: ignore[union-attr]
 
     def _prepare(self, sub: Submission) -> tuple[Status, int, list[Command]]:
         """Submission checks in spec order, then the whole command buffer."""
@@ -472,10 +475,10 @@ class Va1Device(VirtioDevice):
     def _complete_submission(self, sub: Submission) -> None:
         """At end_ns (or when Bus Master is set again): response, used entry,
         interrupt; a fault marks the context."""
-        self._when_bus_master("submit", lambda: self._submission_done(sub))
-
-    def _submission_done(self, sub: Submission) -> None:
-        if not self._live():
+        if not self.bus_master:
+            self._when_bus_master("submit", lambda: self._complete_submission(sub))
+            return
+        if not self.active or self.broken:   # self._live()
             return
         try:
             reply = pack_submit_resp(sub.status, sub.error_offset, sub.req.fence_seq,

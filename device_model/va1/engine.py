@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from functools import partial
 from operator import attrgetter
 from typing import Callable
 
@@ -125,6 +126,10 @@ class CommandProcessor:
         horizon = getattr(clock, "horizon_ns", None)
         self._horizon: Callable[[], int | None] = (
             horizon if horizon is not None else self._next_event_or_stop)
+        # The tracer's batch form when it has one (ports.Tracer), else one emit per row.
+        each = getattr(tracer, "emit_each", None)
+        self._emit_each: Callable[[str, tuple[str, ...], list[tuple]], None] = (  # type: ignore[type-arg]
+            each if each is not None else self._emit_rows)
         self.sched: Scheduler | None = None
         self.reset()
         self.sched = scheduler if scheduler is not None else Scheduler(num_engines)
@@ -162,12 +167,8 @@ class CommandProcessor:
             if freed:
                 sched.dispatch()
 
-    def _emit_each(self, kind: str, names: tuple[str, ...], rows: list[tuple]) -> None:  # type: ignore[type-arg]
-        """The tracer's batch form when it has one (ports.Tracer), else emit per row."""
-        each = getattr(self.tracer, "emit_each", None)
-        if each is not None:
-            each(kind, names, rows)
-            return
+    def _emit_rows(self, kind: str, names: tuple[str, ...], rows: list[tuple]) -> None:  # type: ignore[type-arg]
+        """`_emit_each` for a tracer without emit_each: one emit per row."""
         for row in rows:
             self.tracer.emit(kind, **dict(zip(names, row)))
 
@@ -275,42 +276,38 @@ class CommandProcessor:
         """Give free engines to functions with work (the card's scheduler decides)."""
         self.sched.dispatch()  # type: ignore[union-attr]
 
-    def _next_queue(self) -> int | None:
-        """Round robin across contexts (the next context id after the last one started,
-        among the heads of the startable queues), then across queues."""
+    def start_next(self, engine: int) -> None:
+        """The scheduler gave us `engine`: start (or resume) our next queue's work.
+
+        The queue: round robin across contexts (the next context id after the last one
+        started, among the heads of the startable queues), then across queues."""
         n = len(self.queues)
-        best = None
+        slot = None
         best_key = None
         last = self._last_ctx
+        busy, resume, pending = self.busy, self.resume, self.pending
         for i in range(n):
-            slot = (self._rr + i) % n
-            if self.busy[slot]:
+            s = (self._rr + i) % n
+            if busy[s]:
                 continue
-            run = self.resume[slot]
+            run = resume[s]
             if run is not None:
                 cid = run.sub.req.context_id
-            elif self.pending[slot]:
-                cid = self.pending[slot][0].req.context_id
+            elif pending[s]:
+                cid = pending[s][0].req.context_id
             else:
                 continue
             key = (cid <= last, cid)
             if best_key is None or key < best_key:
-                best, best_key = slot, key
-        if best is not None:
-            self._rr = (best + 1) % n
-            assert best_key is not None
-            self._last_ctx = best_key[1]
-        return best
-
-    def start_next(self, engine: int) -> None:
-        """The scheduler gave us `engine`: start (or resume) our next queue's work."""
-        slot = self._next_queue()
-        if slot is None:  # pragma: no cover - the scheduler asked startable() first
+                slot, best_key = s, key
+        if slot is None or best_key is None:  # pragma: no cover - startable() was asked
             return
+        self._rr = (slot + 1) % n
+        self._last_ctx = best_key[1]
         self.busy[slot] = True
         self.fs.running += 1
         now = self.clock.now_ns()
-        run = self.resume[slot]
+        run = resume[slot]
         if run is not None:
             self.resume[slot] = None
             run.t = now
@@ -320,7 +317,7 @@ class CommandProcessor:
             self.tracer.emit("submit_resume", queue=run.sub.queue,
                              context=run.sub.req.context_id, fence=run.sub.req.fence_seq,
                              engine=engine, start_ns=now)
-            self._step(run)
+            self._step(run, now)
             return
         sub = self.pending[slot].popleft()
         sub.start_ns = now
@@ -341,7 +338,7 @@ class CommandProcessor:
             return
         run.cmds = cmds
         run.math = not _TIME_ONLY.issuperset(map(_OPCODE_OF, cmds))
-        self._step(run)
+        self._step(run, now)
 
     def _preempt(self, run: _Run, hold: bool = False) -> None:
         """The run yields its engine and resumes later at command `run.next`: preempted
@@ -400,12 +397,14 @@ class CommandProcessor:
         self.schedule(until - self.clock.now_ns(), wake, "va1-wait-sleep")
         self.dispatch()
 
-    def _step(self, run: _Run) -> None:
-        """Apply every command whose end time nobody can observe yet; then wait."""
+    def _step(self, run: _Run, now: int = -1) -> None:
+        """Apply every command whose end time nobody can observe yet; then wait. `now`:
+        the clock's time when the caller has it."""
         if run.dropped:
             return
         epoch = self._epoch
-        now = self.clock.now_ns()
+        if now < 0:
+            now = self.clock.now_ns()
         sub = run.sub
         fs = self.fs
         cmds = run.cmds
@@ -426,7 +425,8 @@ class CommandProcessor:
         while run.next < len(cmds):
             cmd = cmds[run.next]
             if (cmd.opcode in _TIME_ONLY and run.cur_end < 0 and not shared
-                    and not fs.halted and not cmd.path and not self.hang_pending):
+                    and not fs.stopped and fs.bus_master  # not fs.halted
+                    and not cmd.path and not self.hang_pending):
                 # A run of time-only commands (NOPs): the generic path below, step for
                 # step, minus what they cannot do (boundary checks are no-ops unshared
                 # and unstopped; nothing executes, so nothing can schedule an event and
@@ -470,7 +470,7 @@ class CommandProcessor:
                 if fs.halted or shared and sched.competitor_waiting(
                         fs, run.t - run.slice_start >= fs.exec_quantum_ns):
                     if run.t > now:
-                        self.schedule(run.t - now, lambda: self._step(run), "va1-boundary")
+                        self.schedule(run.t - now, partial(self._step, run), "va1-boundary")
                         return
                     self._preempt(run)
                     return
@@ -480,7 +480,7 @@ class CommandProcessor:
                     continue
                 if cmd.opcode in _POLLS:
                     if run.t > now:
-                        self.schedule(run.t - now, lambda: self._step(run), "va1-wait-poll")
+                        self.schedule(run.t - now, partial(self._step, run), "va1-wait-poll")
                         return
                     if not self._poll(run, cmd, now):
                         return
@@ -544,11 +544,11 @@ class CommandProcessor:
             run.t, run.cur_end = end, -1
             run.next += 1
         if run.next < len(cmds):
-            self.schedule(run.cur_end - now, lambda: self._step(run), "va1-cmd")
+            self.schedule(run.cur_end - now, partial(self._step, run), "va1-cmd")
             return
         sub.end_ns = run.t
         if sub.end_ns > now:
-            self.schedule(sub.end_ns - now, lambda: self._finish(run), "va1-submit-end")
+            self.schedule(sub.end_ns - now, partial(self._finish, run), "va1-submit-end")
         else:
             self._finish(run)
 
@@ -633,7 +633,7 @@ class CommandProcessor:
             return False
         self._charge(nxt - run.t)
         run.t = nxt
-        self.schedule(nxt - now, lambda: self._step(run), "va1-wait-poll")
+        self.schedule(nxt - now, partial(self._step, run), "va1-wait-poll")
         return False
 
     def _finish(self, run: _Run) -> None:
@@ -649,9 +649,5 @@ class CommandProcessor:
                          fence=sub.req.fence_seq, status=_STATUS_NAME[sub.status],
                          error_offset=sub.error_offset, engine=sub.engine,
                          start_ns=sub.start_ns, end_ns=sub.end_ns)
-        epoch = self._epoch
         self._complete(sub)
-        if epoch == self._epoch:
-            self.dispatch()
-        else:
-            self.sched.dispatch()  # type: ignore[union-attr]
+        self.sched.dispatch()  # type: ignore[union-attr]

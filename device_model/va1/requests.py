@@ -7,7 +7,7 @@ writable part holds 4 bytes, otherwise nothing (used.len = 0).
 from __future__ import annotations
 
 import struct
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 from hwspec import va1
 from hwspec.va1 import CtrlType, Status
@@ -15,6 +15,7 @@ from hwspec.va1 import CtrlType, Status
 STATUS_SIZE = struct.calcsize("<" + dict(va1.CTRL_RESP.fields)["status"])  # bare status
 _CTRL_REQ = struct.Struct(va1.CTRL_REQ.format)
 _SUBMIT_REQ = struct.Struct(va1.SUBMIT_REQ.format)
+_new_tuple = tuple.__new__
 
 
 class CtrlRequest(NamedTuple):
@@ -40,7 +41,7 @@ class SubmitRequest(NamedTuple):
 
     @classmethod
     def unpack(cls, data: bytes) -> SubmitRequest:
-        return cls._make(_SUBMIT_REQ.unpack_from(data))
+        return _new_tuple(cls, _SUBMIT_REQ.unpack_from(data))   # _make, minus its checks
 
 
 def ctrl_response_size(type_: int) -> int:
@@ -65,10 +66,10 @@ def pack_stats_resp(status: Status, submissions: int, commands: int, device_time
                        device_time_ns & m, dma_bytes & m, faults & m)
 
 
-def pack_submit_resp(status: Status, error_offset: int, fence_seq: int, start_ns: int,
-                     end_ns: int) -> bytes:
-    return struct.pack(va1.SUBMIT_RESP.format, status, error_offset, fence_seq, start_ns,
-                       end_ns)
+pack_submit_resp: Callable[[Status, int, int, int, int], bytes] = struct.Struct(
+    va1.SUBMIT_RESP.format).pack
+"""pack_submit_resp(status, error_offset, fence_seq, start_ns, end_ns): the submitq
+response (a Struct's own pack: one is packed per submission)."""
 
 
 def pack_event(type_: int, context_id: int, fence_seq: int, status: Status,

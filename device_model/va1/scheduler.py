@@ -96,10 +96,20 @@ class Scheduler:
     # --- WFQ bookkeeping ----------------------------------------------------------------
 
     def min_active_vt(self, exclude: FunctionSched | None = None) -> float:
-        vts = [f.vt for f in self._active.values()
-               if f is not exclude and (f.running or f.processor.has_work())]
-        return min(vts) if vts else (max((f.vt for f in self.functions
-                                          if f is not exclude), default=0.0))
+        """The lowest virtual time of the functions with work or runs (`exclude` aside);
+        with none, the highest of all functions (0.0 with none at all)."""
+        low: float | None = None
+        for f in self._active.values():
+            if f is not exclude and (f.running or f.processor.has_work()) \
+                    and (low is None or f.vt < low):
+                low = f.vt
+        if low is not None:
+            return low
+        high: float | None = None
+        for f in self.functions:
+            if f is not exclude and (high is None or f.vt > high):
+                high = f.vt
+        return 0.0 if high is None else high
 
     def became_active(self, fs: FunctionSched) -> None:
         """`fs` had no work and now has some: do not let it bank idle time. Every path

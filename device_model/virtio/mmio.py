@@ -66,12 +66,16 @@ class MmioTransport(TransportCore):
     def _raise(self, bits: int) -> None:
         self.interrupt_status |= bits
         self.tracer.emit("irq", bits=bits, status=self.interrupt_status)
-        self._set_irq()
+        if not self._irq_level:   # _set_irq with the status known non-zero
+            self._irq_level = True
+            self.irq.set_level(True)
 
     # --- MMIO ------------------------------------------------------------------------
 
     def read(self, offset: int, size: int) -> int:
         """A guest load; never raises."""
+        if offset == R.INTERRUPT_STATUS and size == 4:   # the one read of every interrupt
+            return self.interrupt_status
         if not 0 <= offset < R.REGION_SIZE:
             return 0
         if offset >= R.CONFIG:
@@ -84,11 +88,6 @@ class MmioTransport(TransportCore):
         if size != 4 or offset % 4:
             self._violation("mmio/access-size", f"{size}-byte read at {offset:#x}")
             return 0
-        return self._read_reg(offset)
-
-    def _read_reg(self, offset: int) -> int:
-        if offset == R.INTERRUPT_STATUS:   # the one read of every interrupt
-            return self.interrupt_status
         if offset == R.MAGIC_VALUE:
             return R.MAGIC
         if offset == R.VERSION:
@@ -123,10 +122,17 @@ class MmioTransport(TransportCore):
         if size != 4 or offset % 4:
             self._violation("mmio/access-size", f"{size}-byte write at {offset:#x}")
             return
-        self._write_reg(offset, value & 0xFFFF_FFFF)
-
-    def _write_reg(self, offset: int, value: int) -> None:
-        if offset == R.DEVICE_FEATURES_SEL:
+        value &= 0xFFFF_FFFF
+        # the two stores of every submission first: the notify and the interrupt ACK
+        if offset == R.QUEUE_NOTIFY:
+            if self._features_in_force >> V.F_NOTIFICATION_DATA & 1:
+                self._notify(value & V.NOTIFY_DATA_VQN_MASK, value >> V.NOTIFY_DATA_OFF_SHIFT)
+            else:
+                self._notify(value)
+        elif offset == R.INTERRUPT_ACK:
+            self.interrupt_status &= ~value
+            self._set_irq()
+        elif offset == R.DEVICE_FEATURES_SEL:
             self.device_features_sel = value
         elif offset == R.DRIVER_FEATURES_SEL:
             self.driver_features_sel = value
@@ -136,16 +142,8 @@ class MmioTransport(TransportCore):
             self.queue_sel = value
         elif offset in (R.QUEUE_NUM, R.QUEUE_READY) or offset in _QUEUE_ADDR:
             self._write_queue_reg(offset, value)
-        elif offset == R.QUEUE_NOTIFY:
-            if self._has(V.F_NOTIFICATION_DATA):
-                self._notify(value & V.NOTIFY_DATA_VQN_MASK, value >> V.NOTIFY_DATA_OFF_SHIFT)
-            else:
-                self._notify(value)
         elif offset == R.QUEUE_RESET:
             self._reset_queue(value)
-        elif offset == R.INTERRUPT_ACK:
-            self.interrupt_status &= ~value
-            self._set_irq()
         elif offset == R.STATUS:
             self._write_status(value)
         # read-only registers and unlisted offsets: ignored

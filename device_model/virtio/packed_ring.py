@@ -25,6 +25,7 @@ from .ring import Descriptor, DescriptorChain, RingError, ring_read, ring_write
 
 _U64 = 1 << 64
 _DESC = struct.Struct(V.PACKED_DESC.format)
+_Bufs = tuple[list[Descriptor], list[Descriptor]]
 _DESC_SIZE = V.PACKED_DESC.size
 _EVENT = struct.Struct(V.PACKED_EVENT.format)
 _FLAGS_OFF = V.PACKED_DESC.offsets["flags"]
@@ -184,12 +185,11 @@ class PackedRing:
             self.next_avail -= self.size
             self.avail_wrap ^= 1
         self._publish_device_event(dma)
-        chain.ring = self
         return chain
 
     def _walk(self, dma: DmaPort) -> tuple[DescriptorChain, int]:
         """The buffer starting at the device's position: (chain, ring slots it takes)."""
-        chain = DescriptorChain(0)
+        bufs: _Bufs = ([], [])   # readable, writable: the chain's once the walk ends
         pos, wrap = self.next_avail, self.avail_wrap
         start = pos
         seen_write = False
@@ -216,7 +216,7 @@ class PackedRing:
                 if slots > 1:
                     raise RingError("ring/indirect-in-list",
                                     f"INDIRECT descriptor {pos} inside a list from {start}")
-                self._walk_table(dma, pos, addr, length, chain)
+                self._walk_table(dma, pos, addr, length, bufs)
                 seen_write = True
             else:
                 write = bool(flags & V.DESC_F_WRITE)
@@ -224,16 +224,16 @@ class PackedRing:
                     raise RingError("ring/write-before-read",
                                     f"readable descriptor {pos} after a writable one")
                 seen_write = seen_write or write
-                self._add(dma, chain, addr, length, write, f"descriptor {pos}")
-            chain.head = bid   # the buffer id is the last descriptor's (§2.8.6)
+                self._add(dma, bufs, addr, length, write, f"descriptor {pos}")
             pos += 1
             if pos == self.size:
                 pos, wrap = 0, wrap ^ 1
             if not nxt:
-                return chain, slots
+                # the buffer id is the last descriptor's (§2.8.6)
+                return DescriptorChain(bid, bufs[0], bufs[1], self), slots
 
     def _walk_table(self, dma: DmaPort, pos: int, addr: int, length: int,
-                    chain: DescriptorChain) -> None:
+                    bufs: "_Bufs") -> None:
         """An indirect table: len/16 descriptors in a row; only WRITE may be set."""
         if length == 0 or length % _DESC_SIZE or length // _DESC_SIZE > self.size:
             raise RingError("ring/indirect-len", f"indirect table length {length} of "
@@ -256,10 +256,10 @@ class PackedRing:
                                 f"readable entry {i} after a writable one in the indirect "
                                 f"table of descriptor {pos}")
             seen_write = seen_write or write
-            self._add(dma, chain, a, n, write, f"indirect entry {i}")
+            self._add(dma, bufs, a, n, write, f"indirect entry {i}")
 
     @staticmethod
-    def _add(dma: DmaPort, chain: DescriptorChain, addr: int, length: int, write: bool,
+    def _add(dma: DmaPort, bufs: "_Bufs", addr: int, length: int, write: bool,
              what: str) -> None:
         if addr + length > _U64:
             raise RingError("ring/addr-overflow", f"{what}: {addr:#x}+{length} overflows")
@@ -268,7 +268,7 @@ class PackedRing:
                 dma.view(addr, length)
             except DmaFault as e:
                 raise RingError("ring/dma", f"{what} buffer: {e}") from None
-        (chain.writable if write else chain.readable).append(Descriptor(addr, length, write))
+        bufs[write].append(Descriptor(addr, length, write))
 
     # --- notifications from the driver -------------------------------------------------
 

@@ -511,6 +511,8 @@ class VirtioPciFunction(TransportCore):
             return
         self._notify(index)
 
+    _NOTIFY_RULES = True
+
     def _notify_allowed(self, index: int) -> bool:
         if not self._bus_master():
             self._violation("pci/bus-master", f"notify({index}) with Bus Master disabled")

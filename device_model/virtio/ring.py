@@ -34,34 +34,33 @@ class Descriptor(NamedTuple):
 
 
 class DescriptorChain:
-    """A checked request: readable buffers, then writable ones."""
+    """A checked request: readable buffers, then writable ones, and their byte totals
+    (`readable_len`, `writable_len`: the walk that made the chain adds them up as it
+    goes, or they are summed here). Never changed once made."""
 
-    __slots__ = ("head", "readable", "writable", "ring")
+    __slots__ = ("head", "readable", "writable", "ring", "readable_len", "writable_len")
 
     def __init__(self, head: int, readable: list[Descriptor] | None = None,
-                 writable: list[Descriptor] | None = None, ring: object | None = None) -> None:
+                 writable: list[Descriptor] | None = None, ring: object | None = None,
+                 readable_len: int = -1, writable_len: int = -1) -> None:
         self.head = head
         self.readable: list[Descriptor] = [] if readable is None else readable
         self.writable: list[Descriptor] = [] if writable is None else writable
         self.ring = ring   # the ring that gave it out (a RING_RESET makes another)
+        if readable_len < 0:
+            readable_len = 0
+            for d in self.readable:
+                readable_len += d.length
+        if writable_len < 0:
+            writable_len = 0
+            for d in self.writable:
+                writable_len += d.length
+        self.readable_len = readable_len
+        self.writable_len = writable_len
 
     def __repr__(self) -> str:
         return (f"DescriptorChain(head={self.head}, readable={self.readable}, "
                 f"writable={self.writable})")
-
-    @property
-    def readable_len(self) -> int:
-        n = 0
-        for d in self.readable:
-            n += d.length
-        return n
-
-    @property
-    def writable_len(self) -> int:
-        n = 0
-        for d in self.writable:
-            n += d.length
-        return n
 
     def read(self, dma: DmaPort, limit: int) -> bytes:
         """Gather up to `limit` readable bytes (raises DmaFault)."""

@@ -9,6 +9,7 @@ naming the rule. All ring memory is reached through the `DmaPort`.
 from __future__ import annotations
 
 import struct
+from typing import Iterable
 
 from hwspec import virtio as V
 
@@ -123,12 +124,15 @@ class SplitRing:
         """The three ring areas as one byte view (offset 0 = `_lo`), while the port
         vouches for it (ports.DmaPort's optional ring_view and view_epoch); None: every
         access goes through read/write, each checked. A view is only handed out for
-        memory that is backed for good, so check_rings holds while it is valid."""
+        memory that is backed for good, so check_rings holds while it is valid.
+
+        The users test first whether the view they hold is still valid (`_mem` while
+        `dma is _mem_dma and dma.view_epoch == _mem_epoch`) and call this only when not:
+        `_mem_dma` is only ever a port that has a view_epoch."""
         epoch = getattr(dma, "view_epoch", None)
         if epoch is None:
+            self._mem, self._mem_dma = None, None
             return None
-        if self._mem_dma is dma and self._mem_epoch == epoch:
-            return self._mem
         mem = None
         if self._lo + self._span <= _U64:
             mem = dma.ring_view(self._lo, self._span)  # type: ignore[attr-defined]
@@ -140,9 +144,36 @@ class SplitRing:
     def pop(self, dma: DmaPort) -> DescriptorChain | None:
         """The next available chain, fully checked, or None (then avail_event is
         published). Raises RingError without touching any buffer."""
-        mem = self._ring_mem(dma)
+        if dma is self._mem_dma and dma.view_epoch == self._mem_epoch:  # type: ignore[attr-defined]
+            mem = self._mem
+        else:
+            mem = self._ring_mem(dma)
         if mem is not None:
-            return self._pop_view(dma, mem)
+            # Through the ring view: the same checks in the same order as below.
+            lo = self._lo
+            last = self.last_avail_idx
+            n = (_U16_FROM(mem, self._avail_idx_at - lo)[0] - last) & 0xFFFF
+            if n > self.size and not (BREAKS and "ring/skip-avail-idx-check" in BREAKS):
+                raise RingError("ring/avail-idx-jump",
+                                f"avail.idx moved {n} past {last} (queue size {self.size})")
+            if n == 0:
+                if self.event_idx:
+                    _U16_INTO(mem, self._avail_event_at - lo, last)
+                return None
+            head = _U16_FROM(mem, self._avail_elems_at + V.AVAIL_ELEM * (last % self.size)
+                             - lo)[0]
+            if head >= self.size and not (BREAKS and "ring/skip-index-range" in BREAKS):
+                raise RingError("ring/head-range", f"head {head} >= queue size {self.size}")
+            if self._order is not None and head != self._next_desc:
+                raise RingError("ring/in-order-desc", f"head {head}: with IN_ORDER the next "
+                                f"chain starts at descriptor {self._next_desc}")
+            chain = self._walk(dma, head, mem)
+            if self._order is not None:
+                self._order.taken(head, chain.writable_len)
+            last = self.last_avail_idx = (last + 1) & 0xFFFF
+            if self.event_idx:
+                _U16_INTO(mem, self._avail_event_at - lo, last)
+            return chain
         self.check_rings(dma)
         if self.pending(dma) == 0:
             self.publish_avail_event(dma)
@@ -160,34 +191,6 @@ class SplitRing:
             self._order.taken(head, chain.writable_len)
         self.last_avail_idx = (self.last_avail_idx + 1) & 0xFFFF
         self.publish_avail_event(dma)
-        chain.ring = self
-        return chain
-
-    def _pop_view(self, dma: DmaPort, mem: memoryview) -> DescriptorChain | None:
-        """pop() through the ring view: the same checks in the same order."""
-        lo = self._lo
-        last = self.last_avail_idx
-        n = (_U16_FROM(mem, self._avail_idx_at - lo)[0] - last) & 0xFFFF
-        if n > self.size and not (BREAKS and "ring/skip-avail-idx-check" in BREAKS):
-            raise RingError("ring/avail-idx-jump",
-                            f"avail.idx moved {n} past {last} (queue size {self.size})")
-        if n == 0:
-            if self.event_idx:
-                _U16_INTO(mem, self._avail_event_at - lo, last)
-            return None
-        head = _U16_FROM(mem, self._avail_elems_at + V.AVAIL_ELEM * (last % self.size) - lo)[0]
-        if head >= self.size and not (BREAKS and "ring/skip-index-range" in BREAKS):
-            raise RingError("ring/head-range", f"head {head} >= queue size {self.size}")
-        if self._order is not None and head != self._next_desc:
-            raise RingError("ring/in-order-desc", f"head {head}: with IN_ORDER the next "
-                            f"chain starts at descriptor {self._next_desc}")
-        chain = self._walk(dma, head, mem)
-        if self._order is not None:
-            self._order.taken(head, chain.writable_len)
-        last = self.last_avail_idx = (last + 1) & 0xFFFF
-        if self.event_idx:
-            _U16_INTO(mem, self._avail_event_at - lo, last)
-        chain.ring = self
         return chain
 
     def check_notification(self, dma: DmaPort, next_off: int, next_wrap: int) -> None:
@@ -202,15 +205,21 @@ class SplitRing:
 
     def _walk(self, dma: DmaPort, head: int, mem: memoryview | None = None) -> DescriptorChain:
         """Follow and check the chain at `head`; `mem`: the ring view (_ring_mem), which
-        holds the descriptor table, and means the port's probe_view is exact."""
-        chain = DescriptorChain(head)
+        holds the descriptor table, and means the port's probe_view is exact and nobody
+        watches single accesses (so an indirect table is read through the view its
+        check makes instead of once per descriptor)."""
+        readable: list[Descriptor] = []
+        writable: list[Descriptor] = []
+        rlen = wlen = 0
         probe = dma.view if mem is None else dma.probe_view  # type: ignore[attr-defined]
         table = self.desc_table
         entries = self.size
         idx = head
         count = 0
         in_indirect = False
-        seen_write = False
+        # where the descriptors are read from, and the offset of `table` in it
+        src = mem
+        base = self._lo
         while True:
             count += 1
             if count > entries:
@@ -218,8 +227,8 @@ class SplitRing:
                 raise RingError("ring/loop", f"chain from head {head} longer than the {where}"
                                 f" ({entries})")
             at = table + _DESC_SIZE * idx
-            if mem is not None and not in_indirect:
-                addr, length, flags, nxt = _DESC_FROM(mem, at - self._lo)
+            if src is not None:
+                addr, length, flags, nxt = _DESC_FROM(src, at - base)
             else:
                 if at + _DESC_SIZE > _U64:
                     self._read(dma, at, _DESC_SIZE, f"descriptor {idx}")  # raises
@@ -245,30 +254,36 @@ class SplitRing:
                     raise RingError("ring/addr-overflow",
                                     f"indirect table {addr:#x}+{length} overflows")
                 try:
-                    dma.view(addr, length)
+                    view = dma.view(addr, length)
                 except DmaFault as e:
                     raise RingError("ring/dma", f"indirect table: {e}") from None
                 table, entries, idx, count, in_indirect = addr, length // _DESC_SIZE, 0, 0, True
+                src = view.data if mem is not None else None
+                base = addr
                 continue
             if addr + length > _U64:
                 raise RingError("ring/addr-overflow",
                                 f"descriptor {idx}: {addr:#x}+{length} overflows")
-            write = bool(flags & V.DESC_F_WRITE)
-            if not write and seen_write and not (
+            write = flags & V.DESC_F_WRITE
+            if not write and writable and not (
                     BREAKS and "ring/skip-write-before-read" in BREAKS):
                 raise RingError("ring/write-before-read",
                                 f"readable descriptor {idx} after a writable one")
-            seen_write = seen_write or write
             if length:
                 try:
                     probe(addr, length)
                 except DmaFault as e:
                     raise RingError("ring/dma", f"descriptor {idx} buffer: {e}") from None
-            (chain.writable if write else chain.readable).append(Descriptor(addr, length, write))
+            if write:
+                writable.append(Descriptor(addr, length, True))
+                wlen += length
+            else:
+                readable.append(Descriptor(addr, length, False))
+                rlen += length
             if not flags & V.DESC_F_NEXT:
                 if self._order is not None:
                     self._next_desc = ((head if in_indirect else idx) + 1) % self.size
-                return chain
+                return DescriptorChain(head, readable, writable, self, rlen, wlen)
             if nxt >= entries and not (BREAKS and "ring/skip-index-range" in BREAKS):
                 raise RingError("ring/next-range", f"descriptor {idx}: next {nxt} >= {entries}")
             if self._order is not None and not in_indirect and nxt != (idx + 1) % entries:
@@ -283,26 +298,27 @@ class SplitRing:
         the chain goes back once every chain before it has, a run of them as one batch:
         one element (the last chain's id and length) at the batch's first slot, used.idx
         moved by the batch size (virtio 1.x §2.7.9)."""
+        batches: Iterable[tuple[int, int, int]]   # (id, length, chains) per used element
         if self._order is None:
-            self._write_used(dma, head, length, 1)
-            return
-        for ids, n in self._order.finish(head, length):
-            self._write_used(dma, ids[-1], n, len(ids))
-
-    def _write_used(self, dma: DmaPort, head: int, length: int, count: int) -> None:
-        slot = self.next_used_idx % self.size
-        elem = self._used_elems_at + _USED_ELEM_SIZE * slot
-        mem = self._ring_mem(dma)
-        if mem is not None:
-            lo = self._lo
-            _USED_ELEM_INTO(mem, elem - lo, head, length)
+            batches = ((head, length, 1),)
+        else:
+            batches = [(ids[-1], n, len(ids)) for ids, n in self._order.finish(head, length)]
+        if dma is self._mem_dma and dma.view_epoch == self._mem_epoch:  # type: ignore[attr-defined]
+            mem = self._mem
+        else:
+            mem = self._ring_mem(dma)
+        for elem_id, elem_len, count in batches:
+            elem = self._used_elems_at + _USED_ELEM_SIZE * (self.next_used_idx % self.size)
+            if mem is not None:
+                lo = self._lo
+                _USED_ELEM_INTO(mem, elem - lo, elem_id, elem_len)
+                self.next_used_idx = (self.next_used_idx + count) & 0xFFFF
+                _U16_INTO(mem, self.used_ring + 2 - lo, self.next_used_idx)
+                continue
+            self._write(dma, elem, struct.pack(_USED_ELEM_FMT, elem_id, elem_len), "used.ring")
             self.next_used_idx = (self.next_used_idx + count) & 0xFFFF
-            _U16_INTO(mem, self.used_ring + 2 - lo, self.next_used_idx)
-            return
-        self._write(dma, elem, struct.pack(_USED_ELEM_FMT, head, length), "used.ring")
-        self.next_used_idx = (self.next_used_idx + count) & 0xFFFF
-        self._write(dma, self.used_ring + 2, self.next_used_idx.to_bytes(2, "little"),
-                    "used.idx")
+            self._write(dma, self.used_ring + 2, self.next_used_idx.to_bytes(2, "little"),
+                        "used.idx")
 
     def needs_interrupt(self, dma: DmaPort) -> bool:
         """After pushing used entries: should the driver be interrupted?"""
@@ -310,7 +326,10 @@ class SplitRing:
         self._signalled_used = new
         if old == new:
             return False
-        mem = self._ring_mem(dma)
+        if dma is self._mem_dma and dma.view_epoch == self._mem_epoch:  # type: ignore[attr-defined]
+            mem = self._mem
+        else:
+            mem = self._ring_mem(dma)
         if mem is not None:
             if self.event_idx:
                 return vring_need_event(_U16_FROM(mem, self._used_event_at - self._lo)[0],

@@ -64,6 +64,7 @@ class TransportCore:
         self.driver_features_sel = 0
         self.driver_features: dict[int, int] = {}
         self._acked = 0   # acked_features, kept up to date by _write_driver_features
+        self._features_in_force = 0   # _ring_features(), kept up to date by _write_status
         self.queue_sel = 0
 
     def _reset_state(self) -> None:  # pragma: no cover - every transport overrides it
@@ -84,7 +85,7 @@ class TransportCore:
         return self._acked
 
     def _queue_ok(self, index: int) -> bool:
-        return 0 <= index < len(self.queues)
+        return 0 <= index < len(self.queues)   # inlined by _notify
 
     def _selected(self) -> Queue | None:
         if self._queue_ok(self.queue_sel):
@@ -150,7 +151,7 @@ class TransportCore:
     def _ring_features(self) -> int:
         """The features the driver's rings follow: accepted ones once FEATURES_OK is
         set (a subset of the offer), else none (the split ring's rules)."""
-        return self.acked_features if self.status & V.STATUS_FEATURES_OK else 0
+        return self._features_in_force
 
     def _enable_queue(self, q: Queue) -> None:
         if not ring_alignment_ok(self._ring_features(), q):
@@ -168,7 +169,7 @@ class TransportCore:
                                          make_device_ring(self.acked_features, q))
 
     def _has(self, feature: int) -> bool:
-        return bool(self.status & V.STATUS_FEATURES_OK and self._acked >> feature & 1)
+        return bool(self._features_in_force >> feature & 1)
 
     def _reset_queue(self, value: int) -> None:
         """queue_reset / QueueReset written (virtio 1.x §2.6.1, §4.1.4.3, §4.2.2): 1
@@ -221,14 +222,18 @@ class TransportCore:
 
     # --- notifications -----------------------------------------------------------------
 
+    _NOTIFY_RULES = False
+    """Whether the transport has notification rules of its own (`_notify_allowed`)."""
+
     def _notify_allowed(self, index: int) -> bool:
-        """Transport-specific notification rules (checked after the queue rules)."""
+        """Transport-specific notification rules (checked after the queue rules), when
+        `_NOTIFY_RULES` says there are."""
         return True
 
     def _notify(self, index: int, data: int | None = None) -> None:
         """A driver notification of queue `index`; `data`, with NOTIFICATION_DATA, the
         16 bits after the queue index (next_off, next_wrap)."""
-        q = self.queues[index] if self._queue_ok(index) else None
+        q = self.queues[index] if 0 <= index < len(self.queues) else None
         if q is None or not q.ready:
             self._violation("queue/not-ready",
                             f"{self._NOTIFY_NAME}({index}): queue not ready")
@@ -236,7 +241,7 @@ class TransportCore:
         if not self.status & V.STATUS_DRIVER_OK:
             self._violation("queue/not-ready", f"{self._NOTIFY_NAME}({index}) before DRIVER_OK")
             return
-        if not self._notify_allowed(index):
+        if self._NOTIFY_RULES and not self._notify_allowed(index):
             return
         if self._needs_reset or self.status & V.STATUS_FAILED:
             return  # the function is stopped until reset
@@ -270,6 +275,7 @@ class TransportCore:
                 return
             self.device.ack_features(acked)
         self.status = new
+        self._features_in_force = self._acked if new & V.STATUS_FEATURES_OK else 0
         if added & V.STATUS_DRIVER_OK:
             self._activate(self.acked_features)
 
