@@ -20,6 +20,7 @@ from .queue import Queue
 from .ring import Descriptor, DescriptorChain, RingError, ring_read, ring_write
 
 _U64 = 1 << 64
+_new_tuple = tuple.__new__
 _DESC_FMT = V.DESC.format
 _DESC_UNPACK = struct.Struct(_DESC_FMT).unpack
 _DESC_FROM = struct.Struct(_DESC_FMT).unpack_from
@@ -274,11 +275,11 @@ class SplitRing:
                     probe(addr, length)
                 except DmaFault as e:
                     raise RingError("ring/dma", f"descriptor {idx} buffer: {e}") from None
-            if write:
-                writable.append(Descriptor(addr, length, True))
+            if write:   # Descriptor(addr, length, True), without its __new__ frame
+                writable.append(_new_tuple(Descriptor, (addr, length, True)))
                 wlen += length
             else:
-                readable.append(Descriptor(addr, length, False))
+                readable.append(_new_tuple(Descriptor, (addr, length, False)))
                 rlen += length
             if not flags & V.DESC_F_NEXT:
                 if self._order is not None:

@@ -123,6 +123,26 @@ def test_indirect_round_trip() -> None:
     assert chain.readable_len == 40 and chain.writable_len == 37
 
 
+@pytest.mark.parametrize("views", [False, True])
+def test_indirect_table_read_once_through_a_ring_view(views: bool) -> None:
+    """With ring views the indirect table is read through the view its check makes; without
+    (a port that wants every access, as under a fault plan) entry by entry. Same chain."""
+    dma, alloc, mq, q = make(8, INDIRECT)
+    dma.view_epoch = 0 if views else None
+    table = alloc.alloc(16 * 3)
+    bufs = [alloc.alloc(32) for _ in range(3)]
+    spec = [(bufs[0], 32, False), (bufs[1], 0, True), (bufs[2], 24, True)]
+    head = mq.add(spec, indirect_table=table)
+    dma.log.clear()
+    chain = q.pop(dma)
+    assert chain is not None and chain.head == head and chain.ring is q
+    assert [(d.addr, d.length, d.write) for d in chain.readable + chain.writable] == spec
+    assert (chain.readable_len, chain.writable_len) == (32, 24)
+    table_reads = [a for kind, a, n in dma.log if kind == "read" and table <= a < table + 48]
+    assert ("view", table, 48) in dma.log
+    assert table_reads == ([] if views else [table, table + 16, table + 32])
+
+
 def test_need_event_formula() -> None:
     # virtio 1.x: interrupt when new_idx passes event_idx (mod 2^16)
     assert vring_need_event(0, 1, 0)
