@@ -55,7 +55,7 @@ _POLLS = frozenset(op for op, spec in OPS.items() if spec.polls)
 _TIME_ONLY = frozenset(op for op, spec in OPS.items() if spec.time_only)
 _HOST_WRITES = frozenset(op for op, spec in OPS.items() if spec.host_writes)
 # A submission's last command, when it is a big one (virtual cost at least this), is
-# applied at its end time together with the completion instead of early: see _step_loop.
+# applied at its end time together with the completion instead of early: see _step.
 _DEFER_LAST_MIN_NS = 10_000
 _CMD_FIELDS = ("opcode", "offset", "start_ns", "end_ns", "engine", "queue")
 
@@ -128,6 +128,7 @@ class CommandProcessor:
             horizon if horizon is not None else self._next_event_or_stop)
         # The tracer's batch form when it has one (ports.Tracer), else one emit per row.
         each = getattr(tracer, "emit_each", None)
+        self._in_errstate = False   # _step: inside np.errstate(all="ignore")
         self._emit_each: Callable[[str, tuple[str, ...], list[tuple]], None] = (  # type: ignore[type-arg]
             each if each is not None else self._emit_rows)
         self.sched: Scheduler | None = None
@@ -402,6 +403,16 @@ class CommandProcessor:
         the clock's time when the caller has it."""
         if run.dropped:
             return
+        if run.math and not self._in_errstate:
+            # inf/NaN are data, never an exception: a run that computes steps inside
+            # errstate (one that does not has no floating-point state to set)
+            with np.errstate(all="ignore"):
+                self._in_errstate = True
+                try:
+                    self._step(run, now)
+                finally:
+                    self._in_errstate = False
+            return
         epoch = self._epoch
         if now < 0:
             now = self.clock.now_ns()
@@ -413,15 +424,6 @@ class CommandProcessor:
         shared = len(sched.functions) > 1
         metrics = self.metrics
         emit = self.tracer.emit
-        if not run.math:  # nothing computes: no floating-point state to set
-            self._step_loop(run, epoch, now, sub, fs, cmds, sched, shared, metrics, emit)
-            return
-        with np.errstate(all="ignore"):  # inf/NaN are data, never an exception
-            self._step_loop(run, epoch, now, sub, fs, cmds, sched, shared, metrics, emit)
-
-    def _step_loop(self, run: _Run, epoch: int, now: int, sub: Submission,
-                   fs: FunctionSched, cmds: list[Command], sched: Scheduler, shared: bool,
-                   metrics: Metrics, emit: Callable[..., None]) -> None:
         while run.next < len(cmds):
             cmd = cmds[run.next]
             if (cmd.opcode in _TIME_ONLY and run.cur_end < 0 and not shared

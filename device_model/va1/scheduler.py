@@ -74,7 +74,7 @@ class Scheduler:
         self.engines: list["_Run | None"] = [None] * num_engines
         self.functions: list[FunctionSched] = []
         # function index -> the function, for every function that has work or runs (it
-        # may also hold idle ones: `_pick` drops them). Entered by `became_active`.
+        # may also hold idle ones: the pick in `dispatch` drops them). Entered by `became_active`.
         self._active: dict[int, FunctionSched] = {}
         self._dispatching = False
         self._again = False
@@ -114,7 +114,7 @@ class Scheduler:
     def became_active(self, fs: FunctionSched) -> None:
         """`fs` had no work and now has some: do not let it bank idle time. Every path
         that gives an idle function work calls this, so a function with work or runs is
-        always in the active set (`_pick` drops only idle ones)."""
+        always in the active set (the pick in `dispatch` drops only idle ones)."""
         fs.vt = max(fs.vt, self.min_active_vt(fs))
         self._active[fs.index] = fs
 
@@ -142,29 +142,15 @@ class Scheduler:
 
     # --- dispatch ---------------------------------------------------------------------
 
-    def _pick(self) -> FunctionSched | None:
-        """The startable function first by (priority, virtual time, function number);
-        the active functions found idle leave the active set."""
-        best: FunctionSched | None = None
-        active = self._active
-        for f in list(active.values()):
-            if not f.processor.startable():
-                if not f.running and not f.processor.has_work():
-                    del active[f.index]
-                continue
-            if f.stopped or not f.bus_master:  # halted
-                continue
-            if best is None or (-f.priority, f.vt, f.index) < (-best.priority, best.vt,
-                                                               best.index):
-                best = f
-        return best
-
     def dispatch(self) -> None:
-        """Give free engines to functions with work."""
+        """Give free engines to functions with work: each free engine to the startable
+        function first by (priority, virtual time, function number). The pick drops the
+        active functions it finds idle from the active set."""
         if self._dispatching:
             self._again = True
             return
         self._dispatching = True
+        active = self._active
         try:
             while True:
                 self._again = False
@@ -173,7 +159,18 @@ class Scheduler:
                     if r is None:
                         engine = i
                         break
-                fs = self._pick() if engine is not None else None
+                fs: FunctionSched | None = None
+                if engine is not None:   # the pick
+                    for f in list(active.values()):
+                        if not f.processor.startable():
+                            if not f.running and not f.processor.has_work():
+                                del active[f.index]
+                            continue
+                        if f.stopped or not f.bus_master:  # halted
+                            continue
+                        if fs is None or (-f.priority, f.vt, f.index) < (-fs.priority, fs.vt,
+                                                                         fs.index):
+                            fs = f
                 if engine is None or fs is None:
                     if not self._again:
                         break
