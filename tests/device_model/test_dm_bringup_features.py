@@ -122,3 +122,28 @@ def test_pci_notification_data_is_32_bits_and_checked() -> None:
     rig.bw(addr, 4, 2 | 5 << 16)                         # claims 5 the ring does not hold
     assert rig.c8(20) & V.STATUS_DEVICE_NEEDS_RESET
     assert rig.fn.violations[-1].rule == "notify/data"
+
+
+@pytest.mark.parametrize("negotiated", [True, False])
+def test_mmio_queue_notify_carries_data_only_with_the_feature(negotiated: bool) -> None:
+    """QueueNotify with NOTIFICATION_DATA: the queue index in bits 0-15, the claim checked
+    above them; without the feature the whole value is the queue index."""
+    from dm_driver import Rig
+    rig = Rig(Va1Config(virtio_features=VIRTIO_OPTIONS))
+    split = rig.offered() & ~(1 << V.F_RING_PACKED)      # the rig's queues are split rings
+    rig = Rig(Va1Config(virtio_features=VIRTIO_OPTIONS),
+              features=split if negotiated else split & ~(1 << V.F_NOTIFICATION_DATA))
+    rig.w(R.QUEUE_NOTIFY, 2 | 0 << 16)              # queue 2, avail index 0: nothing claimed
+    assert not rig.r(R.STATUS) & V.STATUS_DEVICE_NEEDS_RESET
+    assert rig.mmio.violations[rig.vio_before:] == []
+    rig.w(R.QUEUE_NOTIFY, 2 | 5 << 16)              # claims 5 the ring does not hold
+    if negotiated:
+        assert rig.r(R.STATUS) & V.STATUS_DEVICE_NEEDS_RESET
+        assert rig.mmio.violations[-1].rule == "notify/data"
+    else:                                            # queue 327682: no such queue
+        assert not rig.r(R.STATUS) & V.STATUS_DEVICE_NEEDS_RESET
+        assert [v.rule for v in rig.mmio.violations[rig.vio_before:]] == ["queue/not-ready"]
+    rig.w(R.STATUS, 0)                               # reset: no feature is in force
+    rig.w(R.QUEUE_NOTIFY, 2 | 5 << 16)
+    assert rig.mmio.violations[-1].rule == "queue/not-ready"
+    assert "327682" in rig.mmio.violations[-1].message
