@@ -140,6 +140,10 @@ class _Queue:
     progress_ns: int = 0     # last completion, or when the queue last became busy
     reaps: int = 0           # reaps that found used buffers
     suspect: int = -1        # `reaps` when used buffers were first seen unreaped
+    descs: int = 2           # descriptors a two-segment request takes on this ring
+
+    def __post_init__(self) -> None:
+        self.descs = self.ring.descs_needed(2)
 
     def reset_slots(self) -> None:
         self.free_slots = list(range(self.ring.num - 1, -1, -1))
@@ -425,8 +429,9 @@ class VA1Device:
             self.transport.notify(q.index, q.ring.notification_data())
 
     def _wait(self, cond: Callable[[], bool], timeout_ns: int | None, what: str,
-              **fields: object) -> bool:
-        if cond():
+              check_first: bool = True, **fields: object) -> bool:
+        """Wait for cond (checked first unless the caller just did), traced as `what`."""
+        if check_first and cond():
             return True
         self.kernel.trace.emit("wait", dev=self.name, what=what,
                                timeout_ns=-1 if timeout_ns is None else timeout_ns,
@@ -438,7 +443,7 @@ class VA1Device:
             raise VA1Error(errno.ENODEV, f"{self.name}: device is dead: {self.dead}")
 
     def _wait_for_space(self, q: _Queue, gen: int, what: str) -> None:
-        need = q.ring.descs_needed(2)
+        need = q.descs
 
         def cond() -> bool:
             if self._polled(q) and self.generation == gen and self.ready \
@@ -520,12 +525,20 @@ class VA1Device:
             self.devmem.resize(size)
 
     def _reap_all(self) -> None:
+        """Reap every queue (one interrupt line says "used buffers", not which queue).
+        A queue whose used ring has not moved since its last reap has nothing to reap,
+        its interrupt is still enabled (no poll disabled it: polled queues are reaped
+        whatever) and its eventq buffers are all kicked, so `_reap` would change nothing
+        there: it is looked at and skipped."""
         gen = self.generation
+        polled = self.poll_wait
         for q in self._queues:
             if self.generation != gen or not self.ready:
                 return
-            self._reap(q)
-        if self.generation == gen and self.ready:
+            ring = q.ring
+            if ring.broken or ring.has_used() or (polled and q.index >= A.FIRST_SUBMITQ):
+                self._reap(q)
+        if self.admin is not None and self.generation == gen and self.ready:
             self._reap_admin()
 
     def _reap(self, q: _Queue) -> None:
@@ -893,7 +906,7 @@ class VA1Device:
         self.check_alive()
         q = self._queues[A.CONTROLQ]
         gen = self.generation
-        if not (q.ring.num_free >= q.ring.descs_needed(2) and q.free_slots):
+        if not (q.ring.num_free >= q.descs and q.free_slots):
             self._wait_for_space(q, gen, "ctrl_space")
         if self.generation != gen:
             raise VA1Error(errno.EIO, f"{self.name}: device reset during {what}")
@@ -1175,23 +1188,26 @@ class VA1Device:
 
     # ================================================================== submission
     def submit(self, ctx: Context, queue: int, iova: int, length: int,
-               on_done: Callable[[Fence], None] | None = None) -> Fence:
-        """Queue one command buffer; block while the ring is full. Returns its fence."""
-        self.check_alive()
-        self.check_ctx(ctx)
-        nq = len(self._queues) - A.FIRST_SUBMITQ   # num_submit_queues
+               on_done: Callable[[Fence], None] | None = None, *,
+               checked: bool = False) -> Fence:
+        """Queue one command buffer; block while the ring is full. Returns its fence.
+        `checked`: the caller ran `check_submit(ctx)` and nothing since could have
+        changed its answer (no wait, no interrupt)."""
+        if not checked:
+            self.check_submit(ctx)
+        queues = self._queues
+        nq = len(queues) - A.FIRST_SUBMITQ   # num_submit_queues
         if not 0 <= queue < nq:
             raise VA1Error(errno.EINVAL, f"submit queue {queue} out of range "
                                          f"0..{nq - 1}")
-        q = self._queues[A.FIRST_SUBMITQ + queue]
-        gen = self.generation
-        if not (q.free_slots and q.ring.num_free >= q.ring.descs_needed(2)):
-            self._wait_for_space(q, gen, "submit_space")
-            self.check_alive()
-            self.check_ctx(ctx)
+        q = queues[A.FIRST_SUBMITQ + queue]
+        ring = q.ring
+        if not (q.free_slots and ring.num_free >= q.descs):
+            self._wait_for_space(q, self.generation, "submit_space")
+            self.check_submit(ctx)
         fence = ctx.timeline.next(queue)
         if on_done is not None:
-            fence.add_callback(on_done)
+            fence.callbacks.append(on_done)   # add_callback: a new fence is unsignalled
         slot = q.free_slots.pop()
         base = q.slot_base + slot * q.slot_size
         req, resp = _SUBMIT_REQ_SEGS
@@ -1199,14 +1215,18 @@ class VA1Device:
         # reserved, fence_seq
         self.kernel.memory.write(base, _SUBMIT_REQ.pack(ctx.device_id, 0, iova, length, 0,
                                                         fence.seq))
-        q.ring.add(((base, req),), ((base + req, resp),), _Submission(slot, ctx, fence))
+        ring.add(((base, req),), ((base + req, resp),), _Submission(slot, ctx, fence))
         self._busy(q)
         if self.poll_wait:   # _polled(q): interrupts off before the device sees it
-            q.ring.disable_interrupts()
+            ring.disable_interrupts()
         self._kick(q)
         return fence
 
-    def check_ctx(self, ctx: Context) -> None:
+    def check_submit(self, ctx: Context) -> None:
+        """What must hold for a submission on ctx: the device alive, the context neither
+        destroyed, lost in a reset nor faulted."""
+        if self.dead:
+            self.check_alive()
         if ctx.destroyed:
             raise VA1Error(errno.ENOENT, f"context {ctx.uid} was destroyed")
         if ctx.lost or ctx.generation != self.generation:
@@ -1223,8 +1243,8 @@ class VA1Device:
         if self.poll_wait and self.ready and not self.dead:
             return self._poll_fence(fence, timeout_ns)
         # timeout 0 still goes through wait_until: pending interrupts are delivered there
-        return self._wait(guest_state(lambda: fence.signalled), timeout_ns, "fence",
-                          context=fence.context, fence=fence.seq)
+        return self._wait(fence, timeout_ns, "fence", False, context=fence.context,
+                          fence=fence.seq)
 
     def _poll_fence(self, fence: Fence, timeout_ns: int | None) -> bool:
         """`va1.poll_wait=1`: the wait reaps the fence's submit queue (whose interrupts
