@@ -137,13 +137,15 @@ class _Queue:
     slot_size: int
     free_slots: list[int] = field(default_factory=list)
     outstanding: int = 0     # requests in flight (submissions, control requests)
-    progress_ns: int = 0     # last completion, or when the queue last became busy
+    progress_ns: int = 0     # while outstanding: last completion, or when it became busy
     reaps: int = 0           # reaps that found used buffers
     suspect: int = -1        # `reaps` when used buffers were first seen unreaped
     descs: int = 2           # descriptors a two-segment request takes on this ring
+    notify_data: bool = False   # the ring was built for NOTIFICATION_DATA
 
     def __post_init__(self) -> None:
         self.descs = self.ring.descs_needed(2)
+        self.notify_data = bool(self.ring.features >> V.F_NOTIFICATION_DATA & 1)
 
     def reset_slots(self) -> None:
         self.free_slots = list(range(self.ring.num - 1, -1, -1))
@@ -424,9 +426,11 @@ class VA1Device:
         self.kernel.trace.emit(kind, dev=self.name, **fields)
 
     def _kick(self, q: _Queue) -> None:
-        if q.ring.kick_prepare():
+        ring = q.ring
+        if ring.kick_prepare():
             self.kernel.trace.emit("kick", dev=self.name, queue=q.index)   # _trace
-            self.transport.notify(q.index, q.ring.notification_data())
+            # notification_data() is None without NOTIFICATION_DATA: not asked for then
+            self.transport.notify(q.index, ring.notification_data() if q.notify_data else None)
 
     def _wait(self, cond: Callable[[], bool], timeout_ns: int | None, what: str,
               check_first: bool = True, **fields: object) -> bool:
@@ -570,7 +574,14 @@ class VA1Device:
     def _complete(self, q: _Queue, token: _Token, ulen: int) -> None:
         mem = self.kernel.memory
         if not isinstance(token, _EventBuf):
-            self._idle(q)
+            # a request of q completed: the recovery timer's bookkeeping
+            if q.outstanding > 0:
+                q.outstanding -= 1
+                self._outstanding -= 1
+            if q.outstanding:   # progress of an idle queue is never looked at
+                q.progress_ns = self.kernel.sched.now_ns()
+            if self._outstanding == 0:
+                self._cancel_timer()
         base = q.slot_base + token.slot * q.slot_size   # slot_addr
         if isinstance(token, _CtrlRequest):
             resp = mem.read(base + CTRL_REQ_MAX, ulen) if ulen else b""
@@ -637,15 +648,6 @@ class VA1Device:
         self._outstanding += 1
         if self._timer is None and self._start_timer is not None:
             self._timer = self._start_timer(self.poll_ns, self._tick, f"{self.name} watchdog")
-
-    def _idle(self, q: _Queue) -> None:
-        """A request of q completed (interrupt context)."""
-        if q.outstanding > 0:
-            q.outstanding -= 1
-            self._outstanding -= 1
-        q.progress_ns = self.kernel.sched.now_ns()
-        if self._outstanding == 0:
-            self._cancel_timer()
 
     def _cancel_timer(self) -> None:
         if self._timer is not None:
@@ -729,8 +731,9 @@ class VA1Device:
             self._config_changed()
         if self.generation == gen and self.ready:
             self._reap_all()
-        if self.generation != gen or not self.ready or q.progress_ns > now - stall:
-            return
+        if (self.generation != gen or not self.ready or not q.outstanding
+                or q.progress_ns > now - stall):
+            return   # reset, or q completed something (all of it, or progress_ns moved)
         why = (f"watchdog: submit queue {q.index - A.FIRST_SUBMITQ} made no progress "
                f"in {stall} ns")
         if self.features >> V.F_RING_RESET & 1:
