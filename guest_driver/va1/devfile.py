@@ -37,6 +37,8 @@ from .driver import Context, VA1Device, VA1Error
 from .fence import Fence
 
 U32_MAX = 0xFFFFFFFF
+_CData = U.ffi.CData
+_typeof = U.ffi.typeof
 
 
 @dataclass
@@ -89,9 +91,9 @@ class VA1File:
         op = self._ops.get(request) if isinstance(request, int) else None
         if op is None:
             raise _err(errno.ENOTTY, f"{self.path}: unknown ioctl request {request!r}")
-        if not isinstance(arg, U.ffi.CData) or U.ffi.typeof(arg) is not self._arg_types[request]:
+        if not isinstance(arg, _CData) or _typeof(arg) is not self._arg_types[request]:
             want = U.IOCTL_STRUCT[request]
-            got = U.ffi.typeof(arg).cname if isinstance(arg, U.ffi.CData) else type(arg).__name__
+            got = _typeof(arg).cname if isinstance(arg, _CData) else type(arg).__name__
             raise _err(errno.ENOTTY, f"{self.path}: ioctl {request:#x} takes a '{want} *', "
                                      f"got {got}")
         dev = self.dev

@@ -534,15 +534,17 @@ class VA1Device:
         its interrupt is still enabled (no poll disabled it: polled queues are reaped
         whatever) and its eventq buffers are all kicked, so `_reap` would change nothing
         there: it is looked at and skipped."""
+        if not self.ready:
+            return
         gen = self.generation
         polled = self.poll_wait
         for q in self._queues:
-            if self.generation != gen or not self.ready:
-                return
             ring = q.ring
             if ring.broken or ring.has_used() or (polled and q.index >= A.FIRST_SUBMITQ):
-                self._reap(q)
-        if self.admin is not None and self.generation == gen and self.ready:
+                self._reap(q)   # only a reap can reset the device or make it not ready
+                if self.generation != gen or not self.ready:
+                    return
+        if self.admin is not None:
             self._reap_admin()
 
     def _reap(self, q: _Queue) -> None:

@@ -23,6 +23,7 @@ __all__ = ["QueueFull", "RingError", "RingLayout", "SplitQueue", "vring_need_eve
 T = TypeVar("T")
 
 _DESC = struct.Struct(V.DESC.format)
+_DSIZE = V.DESC.size
 _USED_ELEM = struct.Struct(V.USED_ELEM.format)
 _U16 = struct.Struct("<H")
 
@@ -151,15 +152,8 @@ class SplitQueue(Generic[T]):
         """Make one request available (not yet notified); return its head id."""
         if self.broken:
             raise RingError(f"queue {self.index} is broken: {self.broken}")
-        segs: list[tuple[int, int, int]] = []
-        for a, n in readable:
-            segs.append((a, n, 0))
-        wcap = 0
-        for a, n in writable:
-            segs.append((a, n, V.DESC_F_WRITE))
-            wcap += n
-        nsegs = len(segs)
-        if not segs:
+        nsegs = len(readable) + len(writable)
+        if not nsegs:
             raise ValueError("a request needs at least one segment")
         indirect = self.indirect and 1 < nsegs <= self.max_indirect   # _use_indirect
         if nsegs > self.num and not indirect:
@@ -170,27 +164,41 @@ class SplitQueue(Generic[T]):
                             f"{self.num_free} free")
         ring = self._ring
         lay = self.layout
-        dsize = V.DESC.size
+        pack = _DESC.pack_into
+        # one pass over the segments, readable then writable; each descriptor links to
+        # the next one of the chain (NEXT), the last to none
         if indirect:
             head = self._take()
             chain: tuple[int, ...] = (head,)
             toff = lay.indirect + head * lay.indirect_stride
-            for i, (addr, length, flags) in enumerate(segs):
-                last = i == len(segs) - 1
-                _DESC.pack_into(ring, toff + i * dsize, addr, length,
-                                flags | (0 if last else V.DESC_F_NEXT), 0 if last else i + 1)
-            _DESC.pack_into(ring, lay.desc + head * dsize, self.base + toff,
-                            dsize * len(segs), V.DESC_F_INDIRECT, 0)
+            i = 0
+            for segs, wflag in ((readable, 0), (writable, V.DESC_F_WRITE)):
+                for addr, length in segs:
+                    i += 1
+                    if i < nsegs:
+                        pack(ring, toff, addr, length, wflag | V.DESC_F_NEXT, i)
+                    else:
+                        pack(ring, toff, addr, length, wflag, 0)
+                    toff += _DSIZE
+            pack(ring, lay.desc + head * _DSIZE, self.base + toff - _DSIZE * nsegs,
+                 _DSIZE * nsegs, V.DESC_F_INDIRECT, 0)
         else:
             take = self._take
-            ids = [take() for _ in segs]
+            ids = [take() for _ in range(nsegs)]
             chain = tuple(ids) if self.in_order else tuple(reversed(ids))   # _give_back order
             head = ids[0]
-            for i, (addr, length, flags) in enumerate(segs):
-                last = i == len(segs) - 1
-                nxt = 0 if last else ids[i + 1]
-                _DESC.pack_into(ring, lay.desc + ids[i] * dsize, addr, length,
-                                flags | (0 if last else V.DESC_F_NEXT), nxt)
+            i = 0
+            for segs, wflag in ((readable, 0), (writable, V.DESC_F_WRITE)):
+                for addr, length in segs:
+                    i += 1
+                    if i < nsegs:
+                        pack(ring, lay.desc + ids[i - 1] * _DSIZE, addr, length,
+                             wflag | V.DESC_F_NEXT, ids[i])
+                    else:
+                        pack(ring, lay.desc + ids[i - 1] * _DSIZE, addr, length, wflag, 0)
+        wcap = 0
+        for _, n in writable:
+            wcap += n
         self._tokens[head] = token
         self._chains[head] = chain
         self._wcap[head] = wcap
