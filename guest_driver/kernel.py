@@ -91,6 +91,20 @@ def guest_state(cond: Callable[[], bool]) -> Callable[[], bool]:
         return _GuestStateCond(cond)
 
 
+class GuestStateCondition:
+    """Base of objects that are their own wait condition (`__call__`) and read only
+    guest-kernel state, as `guest_state` means it: every instance is marked by its class,
+    so a wait on one needs neither a closure nor a `guest_state` call."""
+
+    __slots__ = ()
+
+    def __call__(self) -> bool:
+        raise NotImplementedError
+
+
+setattr(GuestStateCondition, _GUEST_STATE_ATTR, True)
+
+
 def reads_guest_state_only(cond: Callable[[], bool]) -> bool:
     """Whether `cond` was marked by guest_state."""
     return getattr(cond, _GUEST_STATE_ATTR, False) is True

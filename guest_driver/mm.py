@@ -48,29 +48,28 @@ class RangeAllocator:
             raise ValueError(f"{self.name}: allocation size must be > 0, got {size}")
         if align <= 0 or align & (align - 1):
             raise ValueError(f"{self.name}: alignment must be a power of two, got {align}")
-        for i, (start, end) in enumerate(zip(self._free_starts, self._free_ends)):
-            addr = align_up(start, align)
-            if addr + size <= end:
-                self._take(i, addr, addr + size)
-                self._allocated[addr] = size
-                return addr
+        starts, ends = self._free_starts, self._free_ends
+        mask = align - 1
+        for i, (start, end) in enumerate(zip(starts, ends)):
+            lo = (start + mask) & ~mask   # align_up(start, align)
+            hi = lo + size
+            if hi <= end:
+                # take [lo, hi) out of free range i
+                if lo > start and hi < end:      # a hole in the middle: two pieces
+                    ends[i] = lo
+                    starts.insert(i + 1, hi)
+                    ends.insert(i + 1, end)
+                elif lo > start:                 # the tail is taken
+                    ends[i] = lo
+                elif hi < end:                   # the head is taken
+                    starts[i] = hi
+                else:                            # all of it
+                    del starts[i]
+                    del ends[i]
+                self._allocated[lo] = size
+                return lo
         raise AllocError(f"{self.name}: out of memory: no free range of {size} bytes "
                          f"aligned to {align} ({self.bytes_free} bytes free)")
-
-    def _take(self, i: int, lo: int, hi: int) -> None:
-        starts, ends = self._free_starts, self._free_ends
-        start, end = starts[i], ends[i]
-        if lo > start and hi < end:      # a hole in the middle: two pieces
-            ends[i] = lo
-            starts.insert(i + 1, hi)
-            ends.insert(i + 1, end)
-        elif lo > start:                 # the tail is taken
-            ends[i] = lo
-        elif hi < end:                   # the head is taken
-            starts[i] = hi
-        else:                            # all of it
-            del starts[i]
-            del ends[i]
 
     def free(self, addr: int) -> None:
         """Give a range back; the part of it past the end (after a shrink) is dropped."""
@@ -131,4 +130,4 @@ class PageAllocator(RangeAllocator):
         return self.alloc(align_up(size, PAGE_SIZE), PAGE_SIZE)
 
     def alloc_dma(self, size: int, align: int = 16) -> int:
-        return self.alloc(align_up(size, 16), max(align, 16))
+        return self.alloc((size + 15) & ~15, align if align > 16 else 16)   # align_up(size, 16)

@@ -101,20 +101,23 @@ class Segment:
 @dataclass
 class Checked(Generic[T]):
     """What a command buffer may touch (`used`: the owners of its host ranges) and the
-    buffers of its shadow copy, top level first."""
+    buffers of its shadow copy, top level first. `size` (of the shadow copy) and `plain`
+    (its image when no CALL was followed: the same at any IOVA) are worked out once
+    here, since a memo entry serves many submissions."""
     segments: list[Segment]
     used: list[T]
+    size: int = field(init=False)
+    plain: bytes | None = field(init=False)
 
-    @property
-    def size(self) -> int:
-        if len(self.segments) == 1:
-            return len(self.segments[0].data)
-        return sum(len(s.data) for s in self.segments)
+    def __post_init__(self) -> None:
+        self.size = sum(len(s.data) for s in self.segments)
+        self.plain = (bytes(self.segments[0].data)
+                      if len(self.segments) == 1 and not self.segments[0].patches else None)
 
     def image(self, base: int) -> bytes:
         """The shadow copy laid out at IOVA `base`, every followed CALL patched."""
-        if len(self.segments) == 1 and not self.segments[0].patches:
-            return bytes(self.segments[0].data)
+        if self.plain is not None:
+            return self.plain
         off = 0
         for s in self.segments:
             s.offset = off
@@ -162,8 +165,9 @@ class CheckCache(Generic[T]):
     """A device file's memo of checked buffers that follow no CALL, under their exact
     bytes: such a check depends only on those bytes, the host-buffer index (`owner`,
     which the file makes anew after every BO_CREATE and BO_FREE) and the two limits, so
-    the same bytes against the same index give the same result. A buffer that follows a
-    CALL is checked every time (its callee is read from memory user space may rewrite);
+    the same bytes against the same index give the same result (a buffer of bare NOPs
+    too: one dict lookup finds it again). A buffer that follows a CALL is checked every
+    time (its callee is read from memory user space may rewrite);
     a refused buffer raises and is not kept. Emptied when the index or the limits change
     and when its buffers hold MAX_BYTES."""
 
@@ -187,9 +191,8 @@ class CheckCache(Generic[T]):
         if hit is not None:
             return hit
         nops: Optional[Checked[T]] = _only_bare_nops(top)
-        if nops is not None:
-            return nops   # not kept: cheaper to find again than to keep
-        checked: Checked[T] = _walk_top(top, owner, read, max_cmdbuf_size, max_call_depth)
+        checked: Checked[T] = (nops if nops is not None else
+                               _walk_top(top, owner, read, max_cmdbuf_size, max_call_depth))
         if len(checked.segments) == 1:
             if self._bytes + len(top) > self.MAX_BYTES:
                 self._clear()

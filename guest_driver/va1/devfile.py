@@ -37,6 +37,8 @@ from .driver import Context, VA1Device, VA1Error
 from .fence import Fence
 
 U32_MAX = 0xFFFFFFFF
+_CData = U.ffi.CData
+_typeof = U.ffi.typeof
 
 
 @dataclass
@@ -79,7 +81,7 @@ class VA1File:
         self._in_flight: dict[int, Fence] = {}  # id(fence) -> fence of this file, unsignalled
         # the cffi type each request takes, looked up once (ioctl is on every submission)
         self._arg_types = {req: U.ffi.typeof(U.IOCTL_STRUCT[req] + " *") for req in self._ops}
-        self._owner: Callable[[int, int], BufferObject | None] | None = None  # _host_owner
+        self._owner: Callable[[int, int], BufferObject | None] | None = None
         self._checks: CheckCache[BufferObject] = CheckCache()
 
     # ------------------------------------------------------------------ entry points
@@ -89,9 +91,9 @@ class VA1File:
         op = self._ops.get(request) if isinstance(request, int) else None
         if op is None:
             raise _err(errno.ENOTTY, f"{self.path}: unknown ioctl request {request!r}")
-        if not isinstance(arg, U.ffi.CData) or U.ffi.typeof(arg) is not self._arg_types[request]:
+        if not isinstance(arg, _CData) or _typeof(arg) is not self._arg_types[request]:
             want = U.IOCTL_STRUCT[request]
-            got = U.ffi.typeof(arg).cname if isinstance(arg, U.ffi.CData) else type(arg).__name__
+            got = _typeof(arg).cname if isinstance(arg, _CData) else type(arg).__name__
             raise _err(errno.ENOTTY, f"{self.path}: ioctl {request:#x} takes a '{want} *', "
                                      f"got {got}")
         dev = self.dev
@@ -337,11 +339,16 @@ class VA1File:
         del self._contexts[ctx.uid]
 
     def _submit(self, a: Any) -> None:
-        ctx = self._ctx(int(a.context_id))
-        nq = self.dev.num_submit_queues
+        dev = self.dev
+        ctx = self._contexts.get(int(a.context_id))   # _ctx
+        if ctx is None:
+            ctx = self._ctx(int(a.context_id))
+        nq = dev.num_submit_queues
         if a.queue >= nq:
             raise _err(errno.EINVAL, f"SUBMIT: queue {a.queue} out of range 0..{nq - 1}")
-        cmd = self._bo(int(a.cmdbuf_handle))
+        cmd = self._bos.get(int(a.cmdbuf_handle))   # _bo
+        if cmd is None:
+            cmd = self._bo(int(a.cmdbuf_handle))
         if cmd.flags != U.BO_HOST:
             raise _err(errno.EINVAL, f"SUBMIT: cmdbuf_handle {cmd.handle} is not a HOST buffer")
         off, size = int(a.cmdbuf_offset), int(a.cmdbuf_size)
@@ -351,7 +358,8 @@ class VA1File:
         if off + size > cmd.size:
             raise _err(errno.EINVAL, f"SUBMIT: cmdbuf range [{off}, {off + size}) is outside "
                                      f"buffer {cmd.handle} of {cmd.size} bytes")
-        max_size = self.dev.config["max_cmdbuf_size"]
+        config = dev.config
+        max_size = config["max_cmdbuf_size"]
         if size > max_size:
             raise _err(errno.EINVAL, f"SUBMIT: cmdbuf_size {size} exceeds max_cmdbuf_size "
                                      f"{max_size}")
@@ -359,37 +367,42 @@ class VA1File:
         if count > U.MAX_SUBMIT_BUFFERS:
             raise _err(errno.EINVAL, f"SUBMIT: buffer_count {count} exceeds "
                                      f"{U.MAX_SUBMIT_BUFFERS}")
-        handles: list[int] = (U.ffi.unpack(a.handles, count)  # type: ignore[assignment]
-                              if count else [])
-        bos = [cmd] + [self._bo(h) for h in handles]
-        self.dev.check_alive()
-        self.dev.check_ctx(ctx)
-        mem = self.dev.kernel.memory
-        checked = self._checks.check(mem.read(cmd.addr + off, size), self._host_owner(),
-                                     mem.read, max_size, self.dev.config["max_call_depth"])
+        bos = [cmd]
+        if count:
+            handles: list[int] = U.ffi.unpack(a.handles, count)  # type: ignore[assignment]
+            bos += [self._bo(h) for h in handles]
+        dev.check_submit(ctx)
+        mem = dev.kernel.memory
+        owner = self._owner
+        if owner is None:
+            owner = self._owner = self._make_host_owner()
+        checked = self._checks.check(mem.read(cmd.addr + off, size), owner, mem.read,
+                                     max_size, config["max_call_depth"])
         if checked.used:
             listed = {id(b) for b in bos}
             bos += [b for b in checked.used if id(b) not in listed]  # pinned until the fence
+        alloc = dev.alloc
         try:
-            shadow = self.dev.alloc.alloc_dma(checked.size, 64)
+            shadow = alloc.alloc_dma(checked.size, 64)
         except AllocError as e:
             raise _err(errno.ENOMEM, f"SUBMIT: no guest RAM for the driver's copy of the "
                                      f"command buffer ({checked.size} bytes): {e}") from None
-        mem.write(shadow, checked.image(shadow))
+        plain = checked.plain
+        mem.write(shadow, plain if plain is not None else checked.image(shadow))
         for bo in bos:
             bo.busy += 1
 
         def done(fence: Fence) -> None:
             self._in_flight.pop(id(fence), None)
-            self.dev.alloc.free(shadow)
+            alloc.free(shadow)
             for b in bos:
                 b.busy -= 1
                 if b.busy == 0 and b.free_pending:
                     self._last_use_done(b)
         try:
-            fence = self.dev.submit(ctx, int(a.queue), shadow, size, on_done=done)
+            fence = dev.submit(ctx, int(a.queue), shadow, size, on_done=done, checked=True)
         except BaseException:
-            self.dev.alloc.free(shadow)
+            alloc.free(shadow)
             for bo in bos:
                 bo.busy -= 1
                 if bo.busy == 0 and bo.free_pending:
@@ -399,14 +412,9 @@ class VA1File:
             self._in_flight[id(fence)] = fence
         a.fence_seq = fence.seq
 
-    def _host_owner(self) -> Callable[[int, int], BufferObject | None]:
-        """`owner(addr, size)`: this file's HOST buffer holding [addr, addr+size); made
-        again only after a BO_CREATE or BO_FREE."""
-        if self._owner is None:
-            self._owner = self._make_host_owner()
-        return self._owner
-
     def _make_host_owner(self) -> Callable[[int, int], BufferObject | None]:
+        """`owner(addr, size)`: this file's HOST buffer holding [addr, addr+size); kept
+        in `_owner` by SUBMIT and made again only after a BO_CREATE or BO_FREE."""
         hosts = sorted((b.addr, b.addr + b.size, b) for b in self._bos.values()
                        if b.flags == U.BO_HOST)
         starts = [h[0] for h in hosts]
@@ -421,9 +429,11 @@ class VA1File:
     def _wait(self, a: Any) -> None:
         if a.pad != 0:
             raise _err(errno.EINVAL, f"WAIT: pad must be 0, got {a.pad}")
-        ctx = self._ctx(int(a.context_id))
+        ctx = self._contexts.get(int(a.context_id))   # _ctx
+        if ctx is None:
+            ctx = self._ctx(int(a.context_id))
         seq = int(a.fence_seq)
-        fence = ctx.timeline.get(seq)
+        fence = ctx.timeline.fences.get(seq)   # timeline.get
         if fence is None:
             if ctx.timeline.released(seq):   # read OK once already; its record is gone
                 a.status, a.error_offset, a.start_ns, a.end_ns = int(A.Status.OK), \

@@ -137,9 +137,15 @@ class _Queue:
     slot_size: int
     free_slots: list[int] = field(default_factory=list)
     outstanding: int = 0     # requests in flight (submissions, control requests)
-    progress_ns: int = 0     # last completion, or when the queue last became busy
+    progress_ns: int = 0     # while outstanding: last completion, or when it became busy
     reaps: int = 0           # reaps that found used buffers
     suspect: int = -1        # `reaps` when used buffers were first seen unreaped
+    descs: int = 2           # descriptors a two-segment request takes on this ring
+    notify_data: bool = False   # the ring was built for NOTIFICATION_DATA
+
+    def __post_init__(self) -> None:
+        self.descs = self.ring.descs_needed(2)
+        self.notify_data = bool(self.ring.features >> V.F_NOTIFICATION_DATA & 1)
 
     def reset_slots(self) -> None:
         self.free_slots = list(range(self.ring.num - 1, -1, -1))
@@ -420,13 +426,16 @@ class VA1Device:
         self.kernel.trace.emit(kind, dev=self.name, **fields)
 
     def _kick(self, q: _Queue) -> None:
-        if q.ring.kick_prepare():
+        ring = q.ring
+        if ring.kick_prepare():
             self.kernel.trace.emit("kick", dev=self.name, queue=q.index)   # _trace
-            self.transport.notify(q.index, q.ring.notification_data())
+            # notification_data() is None without NOTIFICATION_DATA: not asked for then
+            self.transport.notify(q.index, ring.notification_data() if q.notify_data else None)
 
     def _wait(self, cond: Callable[[], bool], timeout_ns: int | None, what: str,
-              **fields: object) -> bool:
-        if cond():
+              check_first: bool = True, **fields: object) -> bool:
+        """Wait for cond (checked first unless the caller just did), traced as `what`."""
+        if check_first and cond():
             return True
         self.kernel.trace.emit("wait", dev=self.name, what=what,
                                timeout_ns=-1 if timeout_ns is None else timeout_ns,
@@ -438,7 +447,7 @@ class VA1Device:
             raise VA1Error(errno.ENODEV, f"{self.name}: device is dead: {self.dead}")
 
     def _wait_for_space(self, q: _Queue, gen: int, what: str) -> None:
-        need = q.ring.descs_needed(2)
+        need = q.descs
 
         def cond() -> bool:
             if self._polled(q) and self.generation == gen and self.ready \
@@ -520,12 +529,22 @@ class VA1Device:
             self.devmem.resize(size)
 
     def _reap_all(self) -> None:
+        """Reap every queue (one interrupt line says "used buffers", not which queue).
+        A queue whose used ring has not moved since its last reap has nothing to reap,
+        its interrupt is still enabled (no poll disabled it: polled queues are reaped
+        whatever) and its eventq buffers are all kicked, so `_reap` would change nothing
+        there: it is looked at and skipped."""
+        if not self.ready:
+            return
         gen = self.generation
+        polled = self.poll_wait
         for q in self._queues:
-            if self.generation != gen or not self.ready:
-                return
-            self._reap(q)
-        if self.generation == gen and self.ready:
+            ring = q.ring
+            if ring.broken or ring.has_used() or (polled and q.index >= A.FIRST_SUBMITQ):
+                self._reap(q)   # only a reap can reset the device or make it not ready
+                if self.generation != gen or not self.ready:
+                    return
+        if self.admin is not None:
             self._reap_admin()
 
     def _reap(self, q: _Queue) -> None:
@@ -557,7 +576,14 @@ class VA1Device:
     def _complete(self, q: _Queue, token: _Token, ulen: int) -> None:
         mem = self.kernel.memory
         if not isinstance(token, _EventBuf):
-            self._idle(q)
+            # a request of q completed: the recovery timer's bookkeeping
+            if q.outstanding > 0:
+                q.outstanding -= 1
+                self._outstanding -= 1
+            if q.outstanding:   # progress of an idle queue is never looked at
+                q.progress_ns = self.kernel.sched.now_ns()
+            if self._outstanding == 0:
+                self._cancel_timer()
         base = q.slot_base + token.slot * q.slot_size   # slot_addr
         if isinstance(token, _CtrlRequest):
             resp = mem.read(base + CTRL_REQ_MAX, ulen) if ulen else b""
@@ -624,15 +650,6 @@ class VA1Device:
         self._outstanding += 1
         if self._timer is None and self._start_timer is not None:
             self._timer = self._start_timer(self.poll_ns, self._tick, f"{self.name} watchdog")
-
-    def _idle(self, q: _Queue) -> None:
-        """A request of q completed (interrupt context)."""
-        if q.outstanding > 0:
-            q.outstanding -= 1
-            self._outstanding -= 1
-        q.progress_ns = self.kernel.sched.now_ns()
-        if self._outstanding == 0:
-            self._cancel_timer()
 
     def _cancel_timer(self) -> None:
         if self._timer is not None:
@@ -716,8 +733,9 @@ class VA1Device:
             self._config_changed()
         if self.generation == gen and self.ready:
             self._reap_all()
-        if self.generation != gen or not self.ready or q.progress_ns > now - stall:
-            return
+        if (self.generation != gen or not self.ready or not q.outstanding
+                or q.progress_ns > now - stall):
+            return   # reset, or q completed something (all of it, or progress_ns moved)
         why = (f"watchdog: submit queue {q.index - A.FIRST_SUBMITQ} made no progress "
                f"in {stall} ns")
         if self.features >> V.F_RING_RESET & 1:
@@ -893,7 +911,7 @@ class VA1Device:
         self.check_alive()
         q = self._queues[A.CONTROLQ]
         gen = self.generation
-        if not (q.ring.num_free >= q.ring.descs_needed(2) and q.free_slots):
+        if not (q.ring.num_free >= q.descs and q.free_slots):
             self._wait_for_space(q, gen, "ctrl_space")
         if self.generation != gen:
             raise VA1Error(errno.EIO, f"{self.name}: device reset during {what}")
@@ -1175,23 +1193,26 @@ class VA1Device:
 
     # ================================================================== submission
     def submit(self, ctx: Context, queue: int, iova: int, length: int,
-               on_done: Callable[[Fence], None] | None = None) -> Fence:
-        """Queue one command buffer; block while the ring is full. Returns its fence."""
-        self.check_alive()
-        self.check_ctx(ctx)
-        nq = len(self._queues) - A.FIRST_SUBMITQ   # num_submit_queues
+               on_done: Callable[[Fence], None] | None = None, *,
+               checked: bool = False) -> Fence:
+        """Queue one command buffer; block while the ring is full. Returns its fence.
+        `checked`: the caller ran `check_submit(ctx)` and nothing since could have
+        changed its answer (no wait, no interrupt)."""
+        if not checked:
+            self.check_submit(ctx)
+        queues = self._queues
+        nq = len(queues) - A.FIRST_SUBMITQ   # num_submit_queues
         if not 0 <= queue < nq:
             raise VA1Error(errno.EINVAL, f"submit queue {queue} out of range "
                                          f"0..{nq - 1}")
-        q = self._queues[A.FIRST_SUBMITQ + queue]
-        gen = self.generation
-        if not (q.free_slots and q.ring.num_free >= q.ring.descs_needed(2)):
-            self._wait_for_space(q, gen, "submit_space")
-            self.check_alive()
-            self.check_ctx(ctx)
+        q = queues[A.FIRST_SUBMITQ + queue]
+        ring = q.ring
+        if not (q.free_slots and ring.num_free >= q.descs):
+            self._wait_for_space(q, self.generation, "submit_space")
+            self.check_submit(ctx)
         fence = ctx.timeline.next(queue)
         if on_done is not None:
-            fence.add_callback(on_done)
+            fence.callbacks.append(on_done)   # add_callback: a new fence is unsignalled
         slot = q.free_slots.pop()
         base = q.slot_base + slot * q.slot_size
         req, resp = _SUBMIT_REQ_SEGS
@@ -1199,14 +1220,18 @@ class VA1Device:
         # reserved, fence_seq
         self.kernel.memory.write(base, _SUBMIT_REQ.pack(ctx.device_id, 0, iova, length, 0,
                                                         fence.seq))
-        q.ring.add(((base, req),), ((base + req, resp),), _Submission(slot, ctx, fence))
+        ring.add(((base, req),), ((base + req, resp),), _Submission(slot, ctx, fence))
         self._busy(q)
         if self.poll_wait:   # _polled(q): interrupts off before the device sees it
-            q.ring.disable_interrupts()
+            ring.disable_interrupts()
         self._kick(q)
         return fence
 
-    def check_ctx(self, ctx: Context) -> None:
+    def check_submit(self, ctx: Context) -> None:
+        """What must hold for a submission on ctx: the device alive, the context neither
+        destroyed, lost in a reset nor faulted."""
+        if self.dead:
+            self.check_alive()
         if ctx.destroyed:
             raise VA1Error(errno.ENOENT, f"context {ctx.uid} was destroyed")
         if ctx.lost or ctx.generation != self.generation:
@@ -1223,8 +1248,8 @@ class VA1Device:
         if self.poll_wait and self.ready and not self.dead:
             return self._poll_fence(fence, timeout_ns)
         # timeout 0 still goes through wait_until: pending interrupts are delivered there
-        return self._wait(guest_state(lambda: fence.signalled), timeout_ns, "fence",
-                          context=fence.context, fence=fence.seq)
+        return self._wait(fence, timeout_ns, "fence", False, context=fence.context,
+                          fence=fence.seq)
 
     def _poll_fence(self, fence: Fence, timeout_ns: int | None) -> bool:
         """`va1.poll_wait=1`: the wait reaps the fence's submit queue (whose interrupts

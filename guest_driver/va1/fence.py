@@ -11,11 +11,13 @@ from typing import Callable
 
 from hwspec.va1 import NO_OFFSET, Status
 
-from ..kernel import Tracer
+from ..kernel import GuestStateCondition, Tracer
 
 
 @dataclass
-class Fence:
+class Fence(GuestStateCondition):
+    """One submission's fence. Called, it says whether it is signalled: a fence is its
+    own wait condition, set only by the driver's interrupt path (guest state)."""
     context: int        # uAPI context id
     seq: int
     queue: int
@@ -25,6 +27,9 @@ class Fence:
     start_ns: int = 0
     end_ns: int = 0
     callbacks: list[Callable[["Fence"], None]] = field(default_factory=list)
+
+    def __call__(self) -> bool:
+        return self.signalled
 
     def add_callback(self, cb: Callable[["Fence"], None]) -> None:
         """Run cb at signal time (interrupt context: must not wait), or now if signalled."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import struct
 from collections import deque
-from typing import Generic, Sequence, TypeVar
+from typing import Callable, Generic, Iterable, Sequence, TypeVar
 
 from hwspec import virtio as V
 
@@ -23,6 +23,7 @@ __all__ = ["QueueFull", "RingError", "RingLayout", "SplitQueue", "vring_need_eve
 T = TypeVar("T")
 
 _DESC = struct.Struct(V.DESC.format)
+_DSIZE = V.DESC.size
 _USED_ELEM = struct.Struct(V.USED_ELEM.format)
 _U16 = struct.Struct("<H")
 
@@ -109,6 +110,7 @@ class SplitQueue(Generic[T]):
         self.memory.write(self.base, bytes(self.layout.total))
         self._free = list(range(self.num - 1, -1, -1))  # pop() hands out 0, 1, 2, ...
         self._ring_order = deque(range(self.num))      # IN_ORDER: 0, 1, 2, ... wrapping
+        self._bind_free()
         self._heads = deque()
         self._tokens = [None] * self.num
         self._chains = [()] * self.num
@@ -123,20 +125,21 @@ class SplitQueue(Generic[T]):
     def release(self) -> None:
         self._alloc.free(self.base)
 
+    def _bind_free(self) -> None:
+        """Bind the free descriptors of this ring's kind once (after every reset):
+        `_take()` hands out the lowest free one, or with IN_ORDER the next in ring order
+        (virtio 1.x §2.7.9: the driver uses descriptors in ring order); `_give_back`
+        returns a chain as `add` recorded it (reversed without IN_ORDER, so that the
+        lowest id comes out first again)."""
+        free: list[int] | deque[int] = self._ring_order if self.in_order else self._free
+        self._free_descs = free
+        self._take: Callable[[], int] = (self._ring_order.popleft if self.in_order
+                                         else self._free.pop)
+        self._give_back: Callable[[Iterable[int]], None] = free.extend
+
     @property
     def num_free(self) -> int:
-        return len(self._ring_order) if self.in_order else len(self._free)
-
-    def _take(self) -> int:
-        """A free descriptor: the lowest free one, or with IN_ORDER the next in ring order
-        (virtio 1.x §2.7.9: the driver uses descriptors in ring order)."""
-        return self._ring_order.popleft() if self.in_order else self._free.pop()
-
-    def _give_back(self, chain: tuple[int, ...]) -> None:
-        if self.in_order:
-            self._ring_order.extend(chain)
-        else:
-            self._free.extend(reversed(chain))
+        return len(self._free_descs)
 
     def descs_needed(self, nsegs: int) -> int:
         return 1 if self._use_indirect(nsegs) else nsegs
@@ -149,44 +152,55 @@ class SplitQueue(Generic[T]):
         """Make one request available (not yet notified); return its head id."""
         if self.broken:
             raise RingError(f"queue {self.index} is broken: {self.broken}")
-        segs = [(a, n, 0) for a, n in readable] + [(a, n, V.DESC_F_WRITE) for a, n in writable]
-        nsegs = len(segs)
-        if not segs:
+        nsegs = len(readable) + len(writable)
+        if not nsegs:
             raise ValueError("a request needs at least one segment")
         indirect = self.indirect and 1 < nsegs <= self.max_indirect   # _use_indirect
         if nsegs > self.num and not indirect:
             raise ValueError(f"{nsegs} segments cannot fit queue {self.index} of {self.num}")
         need = 1 if indirect else nsegs
-        if need > self.num_free:
+        if need > len(self._free_descs):   # num_free
             raise QueueFull(f"queue {self.index}: {need} descriptors needed, "
                             f"{self.num_free} free")
         ring = self._ring
         lay = self.layout
-        dsize = V.DESC.size
+        pack = _DESC.pack_into
+        # one pass over the segments, readable then writable; each descriptor links to
+        # the next one of the chain (NEXT), the last to none
         if indirect:
             head = self._take()
             chain: tuple[int, ...] = (head,)
             toff = lay.indirect + head * lay.indirect_stride
-            for i, (addr, length, flags) in enumerate(segs):
-                last = i == len(segs) - 1
-                _DESC.pack_into(ring, toff + i * dsize, addr, length,
-                                flags | (0 if last else V.DESC_F_NEXT), 0 if last else i + 1)
-            _DESC.pack_into(ring, lay.desc + head * dsize, self.base + toff,
-                            dsize * len(segs), V.DESC_F_INDIRECT, 0)
+            i = 0
+            for segs, wflag in ((readable, 0), (writable, V.DESC_F_WRITE)):
+                for addr, length in segs:
+                    i += 1
+                    if i < nsegs:
+                        pack(ring, toff, addr, length, wflag | V.DESC_F_NEXT, i)
+                    else:
+                        pack(ring, toff, addr, length, wflag, 0)
+                    toff += _DSIZE
+            pack(ring, lay.desc + head * _DSIZE, self.base + toff - _DSIZE * nsegs,
+                 _DSIZE * nsegs, V.DESC_F_INDIRECT, 0)
         else:
-            ids = [self._take() for _ in segs]
-            chain = tuple(ids)
+            take = self._take
+            ids = [take() for _ in range(nsegs)]
+            chain = tuple(ids) if self.in_order else tuple(reversed(ids))   # _give_back order
             head = ids[0]
-            for i, (addr, length, flags) in enumerate(segs):
-                last = i == len(segs) - 1
-                nxt = 0 if last else ids[i + 1]
-                _DESC.pack_into(ring, lay.desc + ids[i] * dsize, addr, length,
-                                flags | (0 if last else V.DESC_F_NEXT), nxt)
-        self._tokens[head] = token
-        self._chains[head] = chain
+            i = 0
+            for segs, wflag in ((readable, 0), (writable, V.DESC_F_WRITE)):
+                for addr, length in segs:
+                    i += 1
+                    if i < nsegs:
+                        pack(ring, lay.desc + ids[i - 1] * _DSIZE, addr, length,
+                             wflag | V.DESC_F_NEXT, ids[i])
+                    else:
+                        pack(ring, lay.desc + ids[i - 1] * _DSIZE, addr, length, wflag, 0)
         wcap = 0
         for _, n in writable:
             wcap += n
+        self._tokens[head] = token
+        self._chains[head] = chain
         self._wcap[head] = wcap
         self.in_flight += 1
         if self.in_order:
@@ -219,7 +233,8 @@ class SplitQueue(Generic[T]):
         return int(_U16.unpack_from(self._ring, self.layout.used_idx)[0])
 
     def has_used(self) -> bool:
-        return not self.broken and self.used_idx() != self.last_used
+        return (not self.broken   # used_idx(), inline: looked at on every interrupt
+                and _U16.unpack_from(self._ring, self.layout.used_idx)[0] != self.last_used)
 
     def get_used(self) -> list[tuple[T, int]]:
         """Reap every used entry the device published; check each one.

@@ -80,3 +80,20 @@ def test_the_check_cache_keeps_call_free_buffers_for_the_same_host_index() -> No
         got = cache.check(called, _owner, read, 1 << 20, 4)
         assert len(got.segments) == 2 and got.used == ["host"]
     assert reads == [_HOST[0], _HOST[0]]
+
+
+def test_the_check_cache_keeps_bare_nop_buffers_and_their_plain_image() -> None:
+    """A buffer of bare NOPs is found again by one lookup; its shadow image is its own
+    bytes at any IOVA, worked out once."""
+    cache: CheckCache[str] = CheckCache()
+
+    def read(addr: int, size: int) -> bytes:
+        raise AssertionError("a bare-NOP buffer reads nothing")
+    buf = _nop() * 5
+    first = cache.check(buf, _owner, read, 1 << 20, 4)
+    again = cache.check(bytes(bytearray(buf)), _owner, read, 1 << 20, 4)
+    assert again is first and first.used == [] and first.size == len(buf)
+    assert first.plain == buf and first.image(0x5000) == buf
+    called = cache.check(_call(_HOST[0], 24), _owner, lambda a, n: _signal(_HOST[0]),
+                         1 << 20, 4)
+    assert called.plain is None and called.size == 48

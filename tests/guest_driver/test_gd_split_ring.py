@@ -177,3 +177,20 @@ def test_bad_used_entries_break_ring_with_named_error(bad, msg):
     assert q.get_used() == []          # stays broken, no crash
     # what is still in flight can be taken back (a jumped idx reaps nothing at all)
     assert q.drain() == (["good", "victim"] if kind == "idx" else ["victim"])
+
+
+@pytest.mark.parametrize("in_order", [False, True])
+def test_reaped_chains_give_their_descriptors_back_in_take_order(in_order):
+    """Without IN_ORDER the lowest free descriptor comes out first again; with it, the
+    next one in ring order (virtio 1.x §2.7.9)."""
+    mem = FakeMemory()
+    q = SplitQueue(mem, PageAllocator(mem.base, mem.size), 3, 8, indirect=False,
+                   event_idx=False, in_order=in_order)
+    dev = DevSide(mem, q)
+    head = q.add([(0x1000, 8), (0x1008, 8)], [(0x2000, 8)], "a")
+    assert head == 0 and q.num_free == 5
+    dev.take()
+    dev.put(head, 8)
+    assert q.get_used() == [("a", 8)] and q.num_free == 8
+    heads = [q.add([(0x3000 + 8 * i, 8)], [], i) for i in range(4)]
+    assert heads == ([3, 4, 5, 6] if in_order else [0, 1, 2, 3])
