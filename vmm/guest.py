@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Callable, Protocol
 
 from guest_driver.kernel import PciHostBridge, PlatformDevice, RamRange, reads_guest_state_only
@@ -113,11 +114,11 @@ class GuestSched:
     def __init__(self, machine: Machine, domain: WaitDomain | None = None) -> None:
         self._machine = machine
         self.domain = domain
-        # The scheduler's own clock: a driver's read of the time is one call.
+        # A driver's read of the time is the scheduler's clock, and start_timer(delay_ns,
+        # fn, what) builds the timer: one call each.
         self.now_ns: Callable[[], int] = machine.sched.now_ns
-
-    def start_timer(self, delay_ns: int, fn: Callable[[], None], what: str) -> GuestTimer:
-        return GuestTimer(self._machine, delay_ns, fn, what, self.domain)
+        self.start_timer: Callable[[int, Callable[[], None], str], GuestTimer] = \
+            partial(GuestTimer, machine, domain=domain)
 
     def wait_until(self, cond: Callable[[], bool], timeout_ns: int | None, what: str) -> bool:
         domain = self.domain if reads_guest_state_only(cond) else None

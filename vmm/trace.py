@@ -173,7 +173,8 @@ class SourceTracer:
         (device_model.ports.Tracer's optional batch form). Their canonical entry is
         one (t, source, kind, names, rows) for the whole call: every row is in it."""
         tr = self._trace
-        t = tr._clock()
+        sched = self._sched
+        t = sched._now if sched is not None else tr._clock()
         if not set(map(type, chain.from_iterable(rows))) <= _PLAIN_SET:
             for row in rows:
                 for value in row:
