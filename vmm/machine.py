@@ -261,7 +261,7 @@ class Machine:
     def _pick_ready(self, exclude: GuestTask | None) -> GuestTask | None:
         """The next task to run: one of the ready tasks but `exclude`, in task order,
         picked by the seeded RNG when there are several (module docstring)."""
-        now = self.sched.now_ns()
+        now = self.sched._now
         tasks = self.tasks
         candidates = self._candidates
         known = self._known_ready
@@ -439,10 +439,11 @@ class Machine:
             limited = True
             raise
         finally:
-            wake: dict[str, object] = {"task": who, "what": what, "ok": woke}
             if limited:
-                wake["time_limit"] = self.time_limit_ns
-            self._mtrace.emit("wake", **wake)
+                self._mtrace.emit("wake", task=who, what=what, ok=woke,
+                                  time_limit=self.time_limit_ns)
+            else:
+                self._mtrace.emit("wake", task=who, what=what, ok=woke)
             if me is not None:   # the wait ends
                 i = me.index
                 if known.count:
