@@ -342,6 +342,8 @@ class Machine:
 
     def _earliest_deadline(self) -> int | None:
         best = self._main_deadline
+        if not self._with_deadline:
+            return best   # the heap holds only waits that ended (compaction bounds it)
         heap = self._deadlines
         tasks = self.tasks
         waiting = TaskState.WAITING
