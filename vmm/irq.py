@@ -57,6 +57,8 @@ class Line(PendingIrq):
         self.storm = 0
         self.disabled = False
         self._hook: LineFaultHook | None = None
+        self._sched = chip.machine.sched
+        self._label = f"irq{number}"
 
     @property
     def fault_hook(self) -> LineFaultHook | None:
@@ -95,7 +97,7 @@ class Line(PendingIrq):
         if self.scheduled or self.queued or self.handler is None or self.disabled:
             return
         self.scheduled = True
-        self.chip.machine.sched.schedule(self.chip.latency_ns, self._fire, f"irq{self.number}")
+        self._sched.schedule(self.chip.latency_ns, self._fire, self._label)
 
     def _fire(self) -> None:
         self.scheduled = False
