@@ -46,6 +46,7 @@ class UnclaimedAccess:
 
 
 ACCESS_SIZES = (1, 2, 4, 8)
+_CLAIMS_MAX = 4096   # claims kept at most (an access pattern over a whole BAR stays bounded)
 
 
 class MmioBus:
@@ -53,6 +54,9 @@ class MmioBus:
         self._bases: list[int] = []
         self._regions: list[Region] = []
         self.unclaimed: list[UnclaimedAccess] = []
+        # (addr, size) -> region of the valid accesses seen (see claim); emptied in place
+        # whenever the regions change, so holders of the dict see the change.
+        self.claims: dict[tuple[int, int], Region] = {}
 
     def add(self, base: int, size: int, handler: MmioHandler, name: str, direct: bool = False) -> Region:
         if size <= 0 or base < 0 or base + size > 1 << 64:
@@ -65,6 +69,7 @@ class MmioBus:
                                f"{other.name!r} [{other.base:#x}, {other.end:#x})")
         self._bases.insert(i, base)
         self._regions.insert(i, region)
+        self.claims.clear()
         return region
 
     def remove(self, base: int) -> None:
@@ -73,6 +78,7 @@ class MmioBus:
             raise BusError(f"no region at {base:#x}")
         del self._bases[i]
         del self._regions[i]
+        self.claims.clear()
 
     def find(self, addr: int, size: int) -> Region | None:
         i = bisect.bisect_right(self._bases, addr) - 1
@@ -82,6 +88,19 @@ class MmioBus:
         if addr + size <= region.end:
             return region
         return None
+
+    def claim(self, addr: int, size: int) -> Region | None:
+        """The region a valid access (1/2/4/8 bytes, wholly inside it) reaches, kept in
+        `claims` so that a repeated access costs no lookup; None for an access read_in /
+        write_in log as unclaimed."""
+        if size not in ACCESS_SIZES:
+            return None
+        region = self.find(addr, size)
+        if region is not None:
+            if len(self.claims) >= _CLAIMS_MAX:
+                self.claims.clear()
+            self.claims[addr, size] = region
+        return region
 
     def _unclaimed(self, addr: int, size: int, write: bool, value: int, reason: str) -> None:
         self.unclaimed.append(UnclaimedAccess(addr, size, write, value, reason))

@@ -23,6 +23,11 @@ class DmaFaultHook(Protocol):
 class GuestDma:
     def __init__(self, memory: GuestMemory) -> None:
         self.memory = memory
+        # All of guest RAM (it stays where it is for the VM's life): the hot paths check
+        # a range against [base, end) and slice these.
+        self._base, self._end = memory.base, memory.base + memory.size
+        self._bytes = memory.bytes_view(memory.base, memory.size)
+        self._array = memory.view(memory.base, memory.size)
         self.bytes_read = 0
         self.bytes_written = 0
         self._hook: DmaFaultHook | None = None
@@ -64,8 +69,7 @@ class GuestDma:
     def probe_view(self, iova: int, length: int) -> None:
         """Raises exactly the DmaFault view(iova, length) would, without making the view
         (an optional DmaPort method: device_model.virtio.split_ring probes rings with it)."""
-        mem = self.memory
-        if length < 0 or iova < mem.base or iova + length > mem.base + mem.size:
+        if length < 0 or iova < self._base or iova + length > self._end:
             self._check(iova, length, True)
 
     # The hot paths test "inside guest RAM" inline (which implies no 64-bit overflow)
@@ -74,11 +78,11 @@ class GuestDma:
     def read(self, iova: int, length: int) -> bytes:
         if self._hook is not None:
             self._injected(iova, length, True, False)
-        mem = self.memory
-        if length < 0 or iova < mem.base or iova + length > mem.base + mem.size:
+        off = iova - self._base
+        if length < 0 or off < 0 or iova + length > self._end:
             self._check(iova, length, False)
         self.bytes_read += length
-        return mem.read(iova, length)
+        return self._bytes[off:off + length].tobytes()
 
     def write(self, iova: int, data: bytes | bytearray | memoryview | np.ndarray) -> None:
         if type(data) is bytes or type(data) is bytearray:
@@ -87,16 +91,19 @@ class GuestDma:
             n = data.nbytes if isinstance(data, np.ndarray) else len(memoryview(data).cast("B"))
         if self._hook is not None:
             self._injected(iova, n, False, True)
-        mem = self.memory
-        if iova < mem.base or iova + n > mem.base + mem.size:
+        off = iova - self._base
+        if off < 0 or iova + n > self._end:
             self._check(iova, n, True)
         self.bytes_written += n
-        mem.write(iova, data)
+        if type(data) is bytes or type(data) is bytearray:
+            self._bytes[off:off + n] = data
+        else:
+            self.memory.write(iova, data)
 
     def view(self, iova: int, length: int) -> np.ndarray:
         if self._hook is not None:
             self._injected(iova, length, True, True)
-        mem = self.memory
-        if length < 0 or iova < mem.base or iova + length > mem.base + mem.size:
+        off = iova - self._base
+        if length < 0 or off < 0 or iova + length > self._end:
             self._check(iova, length, True)
-        return mem.view(iova, length)
+        return self._array[off:off + length]

@@ -11,9 +11,10 @@ from typing import Iterator
 
 class IndexSet:
     """Members are ints in [0, capacity); the capacity grows on demand. A Fenwick tree
-    of membership counts."""
+    of membership counts. `count`: how many members (read it, never set it), len()
+    without a call for the machine's hot paths."""
 
-    __slots__ = ("_tree", "_member", "_size", "_len")
+    __slots__ = ("_tree", "_member", "_size", "count")
 
     def __init__(self, capacity: int = 64) -> None:
         size = 1
@@ -22,10 +23,10 @@ class IndexSet:
         self._size = size
         self._tree = [0] * (size + 1)
         self._member = [False] * size
-        self._len = 0
+        self.count = 0
 
     def __len__(self) -> int:
-        return self._len
+        return self.count
 
     def __contains__(self, i: object) -> bool:
         return isinstance(i, int) and 0 <= i < self._size and self._member[i]
@@ -41,7 +42,7 @@ class IndexSet:
         self._size = size
         self._tree = [0] * (size + 1)
         self._member = [False] * size
-        self._len = 0
+        self.count = 0
         for j in members:
             self.add(j)
 
@@ -59,13 +60,13 @@ class IndexSet:
             self._grow(i)
         if not self._member[i]:
             self._member[i] = True
-            self._len += 1
+            self.count += 1
             self._update(i, 1)
 
     def discard(self, i: int) -> None:
         if 0 <= i < self._size and self._member[i]:
             self._member[i] = False
-            self._len -= 1
+            self.count -= 1
             self._update(i, -1)
 
     def rank(self, i: int) -> int:
@@ -80,8 +81,8 @@ class IndexSet:
 
     def select(self, k: int) -> int:
         """The k-th smallest member (0-based); IndexError when there are not k+1."""
-        if not 0 <= k < self._len:
-            raise IndexError(f"select({k}) of a set of {self._len}")
+        if not 0 <= k < self.count:
+            raise IndexError(f"select({k}) of a set of {self.count}")
         tree = self._tree
         pos = 0
         step = self._size

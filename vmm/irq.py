@@ -44,8 +44,6 @@ class LineFaultHook(Protocol):
 
 
 class Line(PendingIrq):
-    fault_hook: LineFaultHook | None = None   # None unless a fault plan is installed
-
     def __init__(self, chip: "InterruptController", number: int) -> None:
         self.chip = chip
         self.domain = chip.domain
@@ -58,16 +56,26 @@ class Line(PendingIrq):
         self.delivered = 0
         self.storm = 0
         self.disabled = False
+        self._hook: LineFaultHook | None = None
+        self._sched = chip.machine.sched
+        self._label = f"irq{number}"
 
-    # device side (device_model.ports.IrqLine)
-    def set_level(self, level: bool) -> None:
-        level = bool(level)
-        if self.fault_hook is not None and not self.fault_hook.line(self, level):
-            return
-        self.apply_level(level)
+    @property
+    def fault_hook(self) -> LineFaultHook | None:
+        """None unless a fault plan is installed; while one is, set_level asks it first."""
+        return self._hook
+
+    @fault_hook.setter
+    def fault_hook(self, hook: LineFaultHook | None) -> None:
+        self._hook = hook
+        if hook is None:
+            self.__dict__.pop("set_level", None)
+        else:
+            self.__dict__["set_level"] = self._set_level_hooked
 
     def apply_level(self, level: bool) -> None:
         """The level the controller sees (set_level past the fault hook)."""
+        level = bool(level)
         if level == self.level:
             return
         self.level = level
@@ -75,11 +83,21 @@ class Line(PendingIrq):
         if level:
             self._arm()
 
+    # device side (device_model.ports.IrqLine): with no fault hook the level the device
+    # asks for is the level the controller sees (the hook's setter puts a check first).
+    set_level = apply_level
+
+    def _set_level_hooked(self, level: bool) -> None:
+        level = bool(level)
+        assert self._hook is not None
+        if self._hook.line(self, level):
+            self.apply_level(level)
+
     def _arm(self) -> None:
         if self.scheduled or self.queued or self.handler is None or self.disabled:
             return
         self.scheduled = True
-        self.chip.machine.sched.schedule(self.chip.latency_ns, self._fire, f"irq{self.number}")
+        self._sched.schedule(self.chip.latency_ns, self._fire, self._label)
 
     def _fire(self) -> None:
         self.scheduled = False

@@ -145,6 +145,9 @@ class Machine:
         self.tasks: list[GuestTask] = []
         self._current: GuestTask | None = None
         self._pending_irqs: deque[PendingIrq] = deque()
+        # Queue an interrupt (or timer) for delivery at the guest's next wait: the
+        # deque's own append (an event callback's one call).
+        self.pend_irq: Callable[[PendingIrq], None] = self._pending_irqs.append
         self._all_done = threading.Event()
         self._running_tasks = False
         self._main_deadline: int | None = None  # wait_until outside any task
@@ -172,12 +175,15 @@ class Machine:
         """The running guest spends `ns` of CPU time (an MMIO exit, say). Device events
         due meanwhile run; interrupts they raise wait for the guest's next wait."""
         if ns > 0:
-            self.sched.run_until_time(self.sched.now_ns() + ns)
+            sched = self.sched
+            when = sched._now + ns
+            heap = sched._heap
+            if heap and heap[0][0] <= when:
+                sched.run_until_time(when)
+            else:   # nothing due: what run_until_time(when) would do
+                sched._now = when
 
     # -- interrupts ------------------------------------------------------------------
-    def pend_irq(self, irq: PendingIrq) -> None:
-        self._pending_irqs.append(irq)
-
     def _deliver_irqs(self) -> None:
         pending = self._pending_irqs
         while pending:
@@ -196,37 +202,9 @@ class Machine:
         if waiting:
             self._candidates |= waiting
             known = self._known_ready
-            for i in waiting:
-                known.discard(i)
-
-    def _begin_wait(self, me: GuestTask, cond: Callable[[], bool], deadline: int | None,
-                    what: str, domain: WaitDomain | None) -> None:
-        me.cond, me.deadline, me.what, me.state = cond, deadline, what, TaskState.WAITING
-        me.cond_domain = domain
-        self._serial += 1
-        me.wait_serial = serial = self._serial
-        i = me.index
-        self._known_ready.discard(i)
-        self._candidates.add(i)
-        if domain is not None:
-            domain.waiting.add(i)
-            self._declared.add(i)
-        if deadline is not None:
-            self._with_deadline += 1
-            heapq.heappush(self._deadlines, (deadline, serial, i))
-            heapq.heappush(self._to_pass, (deadline, serial, i))
-            if max(len(self._deadlines), len(self._to_pass)) > 2 * self._with_deadline + 64:
-                self._compact_deadlines()
-        self._touch(me.domain)   # what this task did since it last ran
-
-    def _end_wait(self, me: GuestTask) -> None:
-        self._known_ready.discard(me.index)
-        if me.cond_domain is not None:
-            me.cond_domain.waiting.discard(me.index)
-            self._declared.discard(me.index)
-        if me.deadline is not None:
-            self._with_deadline -= 1
-        me.state, me.cond, me.deadline, me.cond_domain = TaskState.RUNNING, None, None, None
+            if known.count:
+                for i in waiting:
+                    known.discard(i)
 
     def _compact_deadlines(self) -> None:
         """Drop the entries of waits that ended (heaps of waits long gone stay small)."""
@@ -283,7 +261,7 @@ class Machine:
     def _pick_ready(self, exclude: GuestTask | None) -> GuestTask | None:
         """The next task to run: one of the ready tasks but `exclude`, in task order,
         picked by the seeded RNG when there are several (module docstring)."""
-        now = self.sched.now_ns()
+        now = self.sched._now
         tasks = self.tasks
         candidates = self._candidates
         known = self._known_ready
@@ -364,6 +342,8 @@ class Machine:
 
     def _earliest_deadline(self) -> int | None:
         best = self._main_deadline
+        if not self._with_deadline:
+            return best   # the heap holds only waits that ended (compaction bounds it)
         heap = self._deadlines
         tasks = self.tasks
         waiting = TaskState.WAITING
@@ -400,13 +380,34 @@ class Machine:
         `domain`: cond reads only state that code of this domain changes (module
         docstring); None: cond may read anything (device registers, memory a device
         writes, virtual time) and is checked at every pick."""
-        now = self.sched.now_ns()
+        now = self.sched._now
         deadline = None if timeout_ns is None or timeout_ns < 0 else now + int(timeout_ns)
         me = self._current if self._running_tasks else None
         if self._running_tasks and (me is None or threading.get_ident() != me.thread.ident):
             raise SchedulerError("wait_until called outside the running guest task")
-        if me is not None:
-            self._begin_wait(me, cond, deadline, what, domain)
+        known = self._known_ready
+        if me is not None:   # the wait begins: me leaves the known ready, is a candidate
+            me.cond, me.deadline, me.what, me.state = cond, deadline, what, TaskState.WAITING
+            me.cond_domain = domain
+            self._serial += 1
+            me.wait_serial = serial = self._serial
+            i = me.index
+            if known.count:
+                known.discard(i)
+            self._candidates.add(i)
+            # What this task did since it last ran (touched before i joins its waiters:
+            # i is already a candidate and not known ready).
+            if self._declared if me.domain is None else me.domain.waiting:
+                self._touch(me.domain)
+            if domain is not None:
+                domain.waiting.add(i)
+                self._declared.add(i)
+            if deadline is not None:
+                self._with_deadline += 1
+                heapq.heappush(self._deadlines, (deadline, serial, i))
+                heapq.heappush(self._to_pass, (deadline, serial, i))
+                if max(len(self._deadlines), len(self._to_pass)) > 2 * self._with_deadline + 64:
+                    self._compact_deadlines()
         outer_main = self._main_deadline
         if me is None and deadline is not None:
             self._main_deadline = deadline if outer_main is None else min(outer_main, deadline)
@@ -416,11 +417,12 @@ class Machine:
         woke = limited = False
         try:
             while True:
-                self._deliver_irqs()
+                if self._pending_irqs:
+                    self._deliver_irqs()
                 if cond():
                     woke = True
                     return True
-                if deadline is not None and self.sched.now_ns() >= deadline:
+                if deadline is not None and self.sched._now >= deadline:
                     return False
                 other = self._pick_ready(me)
                 if other is not None and me is not None:
@@ -439,12 +441,22 @@ class Machine:
             limited = True
             raise
         finally:
-            wake: dict[str, object] = {"task": who, "what": what, "ok": woke}
             if limited:
-                wake["time_limit"] = self.time_limit_ns
-            self._mtrace.emit("wake", **wake)
-            if me is not None:
-                self._end_wait(me)
+                self._mtrace.emit("wake", task=who, what=what, ok=woke,
+                                  time_limit=self.time_limit_ns)
+            else:
+                self._mtrace.emit("wake", task=who, what=what, ok=woke)
+            if me is not None:   # the wait ends
+                i = me.index
+                if known.count:
+                    known.discard(i)
+                if me.cond_domain is not None:
+                    me.cond_domain.waiting.discard(i)
+                    self._declared.discard(i)
+                if me.deadline is not None:
+                    self._with_deadline -= 1
+                me.state, me.cond, me.deadline, me.cond_domain = (TaskState.RUNNING, None, None,
+                                                                  None)
             self._main_deadline = outer_main
 
     def sleep(self, ns: int) -> None:

@@ -70,7 +70,9 @@ class GuestMemory:
         return gpa - self.base
 
     def view(self, gpa: int, length: int) -> np.ndarray:
-        off = self._offset(gpa, length)
+        off = gpa - self.base
+        if length < 0 or off < 0 or off + length > self.size:
+            self._offset(gpa, length)  # raises
         return self._ram[off:off + length]
 
     def bytes_view(self, gpa: int, length: int) -> memoryview:

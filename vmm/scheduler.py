@@ -7,7 +7,7 @@ guest is charged for what it does.
 from __future__ import annotations
 
 import heapq
-from typing import Callable
+from typing import Any, Callable
 
 from .errors import VmmError
 
@@ -17,24 +17,32 @@ class SchedulerError(VmmError, RuntimeError):
     negative delay, a skip past a due event, a task spawned late, a wait outside a task."""
 
 
-class Timer:
-    """Handle of one scheduled event; cancel() makes it a no-op."""
+class Timer(list[Any]):
+    """Handle of one scheduled event, and its entry in the heap: [when, seq, callback,
+    label]. Lists order in C by (when, seq), seq being unique, so keeping the heap costs
+    no Python call per comparison and an event no __init__. cancel() drops the callback:
+    the event is then skipped."""
 
-    __slots__ = ("when", "seq", "callback", "label", "cancelled")
+    __slots__ = ()
 
-    def __init__(self, when: int, seq: int, callback: Callable[[], None], label: str) -> None:
-        self.when = when
-        self.seq = seq
-        self.callback = callback
-        self.label = label
-        self.cancelled = False
+    @property
+    def when(self) -> int:
+        return int(self[0])
+
+    @property
+    def seq(self) -> int:
+        return int(self[1])
+
+    @property
+    def label(self) -> str:
+        return str(self[3])
+
+    @property
+    def cancelled(self) -> bool:
+        return self[2] is None
 
     def cancel(self) -> None:
-        self.cancelled = True
-
-    def __lt__(self, other: "Timer") -> bool:
-        w, o = self.when, other.when
-        return w < o or (w == o and self.seq < other.seq)
+        self[2] = None
 
 
 class Scheduler:
@@ -55,7 +63,7 @@ class Scheduler:
         if when < self._now:
             raise SchedulerError(f"event {label!r} scheduled in the past ({when} < {self._now})")
         self._seq += 1
-        timer = Timer(when, self._seq, callback, label)
+        timer = Timer((when, self._seq, callback, label))
         heapq.heappush(self._heap, timer)
         return timer
 
@@ -64,18 +72,18 @@ class Scheduler:
             raise SchedulerError(f"event {label!r} scheduled with negative delay {delay_ns}")
         # schedule_at inlined (never in the past: delay >= 0)
         self._seq += 1
-        timer = Timer(self._now + int(delay_ns), self._seq, callback, label)
+        timer = Timer((self._now + int(delay_ns), self._seq, callback, label))
         heapq.heappush(self._heap, timer)
         return timer
 
     def _drop_cancelled(self) -> None:
         heap = self._heap
-        while heap and heap[0].cancelled:
+        while heap and heap[0][2] is None:
             heapq.heappop(heap)
 
     def next_event_ns(self) -> int | None:
         self._drop_cancelled()
-        return self._heap[0].when if self._heap else None
+        return self._heap[0][0] if self._heap else None
 
     def horizon_ns(self) -> int | None:
         """The earliest virtual time at which anybody but the caller can observe
@@ -84,11 +92,11 @@ class Scheduler:
         (only events the caller itself schedules come next). Device models carry out
         work that ends no later than this at once (device_model.ports.Clock)."""
         heap = self._heap
-        while heap and heap[0].cancelled:
+        while heap and heap[0][2] is None:
             heapq.heappop(heap)
         if self.deadlines is None:
-            return heap[0].when if heap else -1
-        h = heap[0].when if heap else None
+            return heap[0][0] if heap else -1
+        h: int | None = heap[0][0] if heap else None
         u = self._until
         if u is not None and (h is None or u < h):
             h = u
@@ -102,10 +110,10 @@ class Scheduler:
         self._drop_cancelled()
         if not self._heap:
             return False
-        timer = heapq.heappop(self._heap)
-        self._now = timer.when
+        when, _, callback, _ = heapq.heappop(self._heap)
+        self._now = when
         self.events_run += 1
-        timer.callback()
+        callback()
         return True
 
     def run_until_time(self, when: int) -> None:
@@ -116,16 +124,16 @@ class Scheduler:
         pop = heapq.heappop
         try:
             while heap:  # run_next() inlined: the earliest live event, if due
-                timer = heap[0]
-                if timer.cancelled:
+                at, _, callback, _ = heap[0]
+                if callback is None:
                     pop(heap)
                     continue
-                if timer.when > when:
+                if at > when:
                     break
                 pop(heap)
-                self._now = timer.when
+                self._now = at
                 self.events_run += 1
-                timer.callback()
+                callback()
         finally:
             self._until = outer
         if when > self._now:

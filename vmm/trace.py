@@ -66,14 +66,28 @@ def _check(value: object) -> None:
     raise TypeError(f"trace field of type {type(value).__name__} is not deterministic")
 
 
+class _CalledClock:
+    """Any other clock, read as a scheduler's is (`._now`)."""
+
+    __slots__ = ("_clock",)
+
+    def __init__(self, clock: Callable[[], int]) -> None:
+        self._clock = clock
+
+    @property
+    def _now(self) -> int:
+        return self._clock()
+
+
 class Trace:
     def __init__(self, clock: Callable[[], int], keep: bool = False) -> None:
         self._clock = clock
-        # The machine's clock is its scheduler's now_ns: emitters read the time straight
-        # from the scheduler (one call less per event).
+        # Emitters read the time as `._now`: straight from the scheduler when the clock
+        # is a scheduler's now_ns (the machine's: no call per event), else through a
+        # property that calls the clock.
         owner = getattr(clock, "__self__", None)
-        self._sched = owner if isinstance(owner, Scheduler) and \
-            getattr(clock, "__func__", None) is Scheduler.now_ns else None
+        self._sched: Scheduler | _CalledClock = owner if isinstance(owner, Scheduler) and \
+            getattr(clock, "__func__", None) is Scheduler.now_ns else _CalledClock(clock)
         self._hash = hashlib.sha256()
         # Canonical entries not hashed yet. Emptied in place, never replaced: emitters
         # keep a reference to it.
@@ -112,8 +126,7 @@ class Trace:
             fn(event)
 
     def emit(self, source: str, kind: str, fields: dict[str, object]) -> None:
-        sched = self._sched
-        t = sched._now if sched is not None else self._clock()
+        t = self._sched._now
         for value in fields.values():
             if type(value) not in _PLAIN_SET:
                 _check(value)
@@ -155,8 +168,7 @@ class SourceTracer:
     def emit(self, kind: str, **fields: object) -> None:
         # Trace.emit inlined (the hot path of every layer); the pending entry holds the
         # kwargs dict itself (fresh per call, never mutated): it pickles in order.
-        sched = self._sched
-        t = sched._now if sched is not None else self._trace._clock()
+        t = self._sched._now
         for value in fields.values():
             if type(value) not in _PLAIN_SET:
                 _check(value)
@@ -173,7 +185,7 @@ class SourceTracer:
         (device_model.ports.Tracer's optional batch form). Their canonical entry is
         one (t, source, kind, names, rows) for the whole call: every row is in it."""
         tr = self._trace
-        t = tr._clock()
+        t = self._sched._now
         if not set(map(type, chain.from_iterable(rows))) <= _PLAIN_SET:
             for row in rows:
                 for value in row:

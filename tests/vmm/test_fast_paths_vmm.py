@@ -1,5 +1,5 @@
 """The VMM's fast paths: the scheduler's horizon, the trace's canonical encoding, guest
-memory's small accesses."""
+memory's small accesses, and the null round trip's path (events, charges, MMIO, lines)."""
 from __future__ import annotations
 
 import os
@@ -9,6 +9,9 @@ import sys
 import numpy as np
 import pytest
 
+from vmm.bus import MmioBus
+from vmm.guest import GuestMmio
+from vmm.irq import InterruptController, Line
 from vmm.machine import Machine
 from vmm.memory import GuestMemory, GuestMemoryError, HostMemory
 from vmm.scheduler import Scheduler
@@ -211,3 +214,133 @@ def test_guest_dma_ring_views_end_when_a_fault_plan_watches() -> None:
     assert dma.view_epoch == 1 and dma.ring_view(0x1000, 16) is None
     dma.fault_hook = None
     assert dma.view_epoch == 2 and dma.ring_view(0x1000, 16) is not None
+
+
+# --- the null round trip's path through the VMM -----------------------------------------
+
+def test_timer_is_its_heap_entry_and_orders_by_time_then_sequence() -> None:
+    s = Scheduler()
+    seen: list[str] = []
+    late = s.schedule(10, lambda: seen.append("late"), "late")
+    first = s.schedule_at(3, lambda: seen.append("first"), "first")
+    tie = s.schedule(10, lambda: seen.append("tie"), "tie")   # same time: scheduled later, runs later
+    assert (late.when, late.label, first.when, tie.seq - late.seq) == (10, "late", 3, 2)
+    assert not first.cancelled
+    first.cancel()
+    assert first.cancelled and s.next_event_ns() == 10 and s.horizon_ns() == 10
+    s.run_until_time(10)
+    assert seen == ["late", "tie"] and s.events_run == 2
+
+
+def test_charge_runs_due_events_at_their_time_and_moves_the_clock() -> None:
+    m = Machine(0)
+    at: list[int] = []
+    m.sched.schedule(30, lambda: at.append(m.now_ns()), "due")
+    m.sched.schedule(500, lambda: at.append(m.now_ns()), "later").cancel()
+    m.charge(50)
+    assert at == [30] and m.now_ns() == 50
+    m.charge(100)      # nothing due: the clock only moves
+    m.charge(0)
+    assert at == [30] and m.now_ns() == 150 and m.sched.events_run == 1
+
+
+class _Regs:
+    def __init__(self) -> None:
+        self.log: list[tuple[str, int, int, int]] = []
+
+    def read(self, offset: int, size: int) -> int:
+        self.log.append(("r", offset, size, 0))
+        return 0x1122334455667788
+
+    def write(self, offset: int, size: int, value: int) -> None:
+        self.log.append(("w", offset, size, value))
+
+
+def _mmio(exit_cost: int = 100) -> tuple[Machine, MmioBus, GuestMmio, _Regs]:
+    m = Machine(0, keep_trace=True)
+    bus = MmioBus()
+    regs = _Regs()
+    bus.add(0x1000, 0x100, regs, "regs")
+    return m, bus, GuestMmio(m, bus, m.trace.tracer("vm0.cpu"), exit_cost), regs
+
+
+def test_guest_mmio_claimed_accesses_trap_mask_and_trace_like_the_bus() -> None:
+    m, bus, mmio, regs = _mmio()
+    for _ in range(2):   # the second access of each is served from the bus's claims
+        assert mmio.read(0x1008, 2) == 0x7788
+        mmio.write(0x1004, 1, 0x1ff)
+    assert (0x1008, 2) in bus.claims and (0x1004, 1) in bus.claims
+    assert regs.log == [("r", 8, 2, 0), ("w", 4, 1, 0xff)] * 2
+    assert mmio.exits == 4 and m.now_ns() == 400 and bus.unclaimed == []
+    assert [(e.kind, e.get("value"), e.get("exit"), e.t_ns) for e in m.trace.events
+            if e.kind.startswith("mmio")] == [("mmio_read", 0x7788, True, 0),
+                                              ("mmio_write", 0x1ff, True, 100),
+                                              ("mmio_read", 0x7788, True, 200),
+                                              ("mmio_write", 0x1ff, True, 300)]
+
+
+def test_guest_mmio_claims_end_when_the_regions_change() -> None:
+    m, bus, mmio, regs = _mmio()
+    mmio.write(0x1000, 4, 1)
+    bus.remove(0x1000)
+    assert bus.claims == {}
+    assert mmio.read(0x1000, 4) == 0xFFFFFFFF    # no region any more: unclaimed
+    mmio.write(0x1000, 4, 2)
+    assert [u.reason for u in bus.unclaimed] == ["no region", "no region"]
+    other = _Regs()
+    bus.add(0x1000, 0x10, other, "other")
+    mmio.write(0x1000, 4, 3)
+    assert regs.log == [("w", 0, 4, 1)] and other.log == [("w", 0, 4, 3)]
+
+
+def test_guest_mmio_bad_accesses_are_logged_and_direct_regions_do_not_exit() -> None:
+    m = Machine(0)
+    bus = MmioBus()
+    regs = _Regs()
+    bus.add(0x2000, 0x100, regs, "bar", direct=True)
+    mmio = GuestMmio(m, bus, m.trace.tracer("vm0.cpu"), 100)
+    assert mmio.read(0x2000, 8) == 0x1122334455667788
+    mmio.write(0x2000, 3, 5)         # a bad size in a direct region: no exit, logged
+    mmio.write(0x20FE, 4, 5)         # straddles the end: no region, an exit
+    assert (mmio.direct_accesses, mmio.exits, m.now_ns()) == (2, 1, 100)
+    assert [u.reason for u in bus.unclaimed] == ["access size 3 is not 1, 2, 4 or 8",
+                                                 "no region"]
+    assert (0x2000, 3) not in bus.claims and regs.log == [("r", 0, 8, 0)]
+
+
+def test_guest_mmio_fault_hook_delays_every_exit() -> None:
+    m, bus, mmio, _ = _mmio(exit_cost=100)
+    seen: list[tuple[int, int]] = []
+
+    class Delay:
+        def exit_delay_ns(self, addr: int, size: int) -> int:
+            seen.append((addr, size))
+            return 7
+
+    mmio.write(0x1000, 4, 1)
+    mmio.fault_hook = Delay()
+    mmio.write(0x1000, 4, 1)         # claimed already: the hook still sees it
+    mmio.read(0x1010, 4)
+    assert seen == [(0x1000, 4), (0x1010, 4)] and m.now_ns() == 100 + 2 * 107
+
+
+def test_line_fault_hook_sees_every_level_while_installed() -> None:
+    chip = InterruptController(Machine(0), "vm0.irq", latency_ns=10)
+    line = chip.line(3)
+    asked: list[bool] = []
+
+    class Hold:
+        def line(self, ln: Line, level: bool) -> bool:
+            asked.append(level)
+            return False       # defers every level
+
+    line.set_level(True)
+    assert line.level
+    line.fault_hook = Hold()
+    line.set_level(False)
+    assert asked == [False] and line.level
+    line.apply_level(False)    # the hook applies levels itself, past the check
+    assert not line.level and asked == [False]
+    line.fault_hook = None
+    line.set_level(True)
+    assert line.level and asked == [False] and line.fault_hook is None
