@@ -94,10 +94,7 @@ def main() -> None:
             ctx = dev.create_context()
             bufs = wl.alloc_buffers(ctx, BATCH, SIZES)
             s = ctx.create_stream()
-            host = {}
-            for name in wl.WEIGHTS:
-                host[name] = dev.alloc_host(inp[name].shape, inp[name].dtype)
-                host[name][...] = inp[name]
+            host = wl.pin_inputs(dev, inp)
             y = dev.alloc_host((BATCH, SIZES[2]), np.float32)
 
             def once() -> None:

@@ -42,6 +42,27 @@ def test_mlp_same_seed_same_result() -> None:
     assert a == b and a["ok"]
 
 
+def test_mlp_from_pinned_inputs_matches_numpy() -> None:
+    """`mlp.pin_inputs` gives pinned copies the device uploads from in one DMA each."""
+    def program(os_: uapi.GuestOS) -> tuple[bool, np.ndarray]:
+        inp = mlp.make_inputs(5, 4, (8, 16, 4))
+        with Device(os_) as dev:
+            host = mlp.pin_inputs(dev, inp)
+            same = all(np.array_equal(host[k], inp[k]) and host[k] is not inp[k]
+                       for k in mlp.WEIGHTS)
+            ctx = dev.create_context()
+            bufs = mlp.alloc_buffers(ctx, 4, (8, 16, 4))
+            s = ctx.create_stream()
+            for name in mlp.WEIGHTS:
+                s.upload(bufs[name], host[name])
+            mlp.enqueue_layers(s, bufs)
+            y: np.ndarray = s.download(bufs["y"]).result()
+            return same, y - mlp.reference(*(inp[k] for k in mlp.WEIGHTS))
+    same, diff = run_guest(program)
+    assert same
+    assert float(np.abs(diff).max()) <= mlp.TOLERANCE
+
+
 def test_api_semantics_match_numpy() -> None:
     rng = np.random.default_rng(SEED)
     a_h = rng.standard_normal((6, 5), dtype=np.float32)    # stored k x m: trans_a

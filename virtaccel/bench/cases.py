@@ -167,13 +167,7 @@ def mlp(sz: Sizes, profiles: ProfileSet | None = None) -> Row:
             ctx = dev.create_context()
             bufs = wl.alloc_buffers(ctx, batch, sizes)
             s = ctx.create_stream()
-            # The inputs live in pinned host arrays (Device.alloc_host), the runtime's
-            # documented fast way to feed the device: each upload is one DMA from them.
-            host = {}
-            for name in wl.WEIGHTS:
-                host[name] = dev.alloc_host(inp[name].shape, inp[name].dtype)
-                host[name][...] = inp[name]
-
+            host = wl.pin_inputs(dev, inp)
             y = dev.alloc_host(bufs["y"].shape, bufs["y"].dtype)
 
             def once() -> np.ndarray:
