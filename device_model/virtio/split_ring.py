@@ -216,6 +216,7 @@ class SplitRing:
         rlen = wlen = 0
         probe = dma.view if mem is None else dma.probe_view  # type: ignore[attr-defined]
         w = self._bufs
+        epoch = self._mem_epoch   # the port's view_epoch while `mem` is (pop just checked)
         table = self.desc_table
         entries = self.size
         idx = head
@@ -259,7 +260,7 @@ class SplitRing:
                                     f"indirect table {addr:#x}+{length} overflows")
                 table, entries, idx, count, in_indirect = addr, length // _DESC_SIZE, 0, 0, True
                 if mem is not None and (
-                        dma is w.dma and dma.view_epoch == w.epoch  # type: ignore[attr-defined]
+                        dma is w.dma and w.epoch == epoch
                         and w.lo <= addr and addr + length <= w.hi
                         or w.cover(dma, addr, length)):
                     src, base = w.mem, w.lo
@@ -281,7 +282,7 @@ class SplitRing:
                                 f"readable descriptor {idx} after a writable one")
             if length and not (
                     mem is not None and (
-                        dma is w.dma and dma.view_epoch == w.epoch  # type: ignore[attr-defined]
+                        dma is w.dma and w.epoch == epoch
                         and w.lo <= addr and addr + length <= w.hi
                         or w.cover(dma, addr, length))):
                 try:
