@@ -42,10 +42,11 @@ class DmaPort(Protocol):
     # view_epoch: int
     #     Changes whenever views handed out by ring_view may no longer be used.
     # def ring_view(self, iova: int, length: int) -> memoryview | None:
-    #     A byte view of [iova, iova+length) that ring fields may be read and written
-    #     through, in place of read/write, while view_epoch is unchanged; None when the
-    #     port wants every access (a range not all backed, a fault plan watching). The
-    #     range behind a view is backed for as long as it is valid.
+    #     A byte view of [iova, iova+length) that ring fields and buffers may be read
+    #     and written through, in place of read/write, while view_epoch is unchanged;
+    #     None when the port wants every access (a range not all backed, or not readable
+    #     and writable, a fault plan watching). While a view is valid, read, write,
+    #     view and probe_view of any part of its range pass every check.
     # def probe_view(self, iova: int, length: int) -> None:
     #     Raises the DmaFault view() would, without making the view.
 

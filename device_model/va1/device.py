@@ -20,7 +20,7 @@ from hwspec.va1 import NO_OFFSET, CtrlType, EventType, Status
 from ..ports import DevicePorts, DmaFault
 from ..testing_breaks import BREAKS
 from ..virtio.device import VirtioDevice, VirtioInterrupt
-from ..virtio.ring import DescriptorChain, DeviceRing, RingError
+from ..virtio.ring import DescriptorChain, DeviceRing, DmaWindow, RingError
 from ..virtio.ring_factory import RING_FEATURES
 from ..virtio.status import TRANSPORT_FEATURES
 from .commands import Command, CommandError, DecodeEnv, ResolveCache, decode
@@ -101,6 +101,9 @@ class Va1Device(VirtioDevice):
         self.bus_master = True
         self._held: list[Callable[[], None]] = []
         self._busy: dict[int, int] = {}   # controlq/adminq: requests taken, not answered
+        # Submissions' requests, command buffers and responses go through port views
+        # when the port offers them (ring.DmaWindow); control and admin traffic does not.
+        self._win = DmaWindow()
         self.fault_port = FaultPort(self)
         self.migration_port = MigrationPort(self)
 
@@ -296,15 +299,17 @@ class Va1Device(VirtioDevice):
             self.interrupt.needs_reset(rule, message)
         return True
 
-    def _return_chain(self, qi: int, chain: DescriptorChain, reply: bytes) -> None:
-        """Write the reply, push the used entry and interrupt if the driver wants it;
-        nothing for a chain of a ring that a RING_RESET replaced since."""
+    def _return_chain(self, qi: int, chain: DescriptorChain, reply: bytes,
+                      win: DmaWindow | None = None) -> None:
+        """Write the reply (through `win` when it covers it), push the used entry and
+        interrupt if the driver wants it; nothing for a chain of a ring that a
+        RING_RESET replaced since."""
         q = self.queues[qi]
         if chain.ring is not None and chain.ring is not q:
             self.tracer.emit("stale_completion", queue=qi, head=chain.head)
             return
         try:
-            n = chain.write(self.dma, reply)
+            n = chain.write(self.dma, reply, win)
         except DmaFault as e:
             raise RingError("ring/dma", f"reply buffer: {e}") from None
         q.push_used(self.dma, chain.head, n)
@@ -434,7 +439,7 @@ class Va1Device(VirtioDevice):
                 self._return_chain(qi, chain, bad_request_reply(chain.writable_len))
                 continue
             try:
-                raw = chain.read(self.dma, _SUBMIT_REQ_SIZE)
+                raw = chain.read(self.dma, _SUBMIT_REQ_SIZE, self._win)
             except DmaFault as e:
                 raise RingError("ring/dma", f"submit request: {e}") from None
             self.processor.enqueue(Submission(qi, chain, SubmitRequest.unpack(raw)))
@@ -455,12 +460,19 @@ class Va1Device(VirtioDevice):
             return Status.BAD_REQUEST, NO_OFFSET, []
         if req.cmdbuf_len > self.config.max_cmdbuf_size:
             return Status.CMDBUF_TOO_LARGE, NO_OFFSET, []
-        if req.cmdbuf_addr + req.cmdbuf_len > _U64:
+        addr, n = req.cmdbuf_addr, req.cmdbuf_len
+        if addr + n > _U64:
             return Status.DMA_FAULT, NO_OFFSET, []
-        try:
-            buf = self.dma.read(req.cmdbuf_addr, req.cmdbuf_len)
-        except DmaFault:
-            return Status.DMA_FAULT, NO_OFFSET, []
+        dma = self.dma
+        w = self._win
+        if (dma is w.dma and dma.view_epoch == w.epoch  # type: ignore[attr-defined]
+                and w.lo <= addr and addr + n <= w.hi or w.cover(dma, addr, n)):
+            buf = w.mem[addr - w.lo:addr - w.lo + n].tobytes()
+        else:
+            try:
+                buf = dma.read(addr, n)
+            except DmaFault:
+                return Status.DMA_FAULT, NO_OFFSET, []
         acked = self.acked_features
         env = DecodeEnv(self.config, self.memory, self.dma, bool(acked >> va1.F_FP16 & 1),
                         bool(acked >> va1.F_TIMESTAMP & 1), int8=bool(acked >> va1.F_INT8 & 1),
@@ -483,7 +495,7 @@ class Va1Device(VirtioDevice):
         try:
             reply = pack_submit_resp(sub.status, sub.error_offset, sub.req.fence_seq,
                                      sub.start_ns, sub.end_ns)
-            self._return_chain(sub.queue, sub.chain, reply)
+            self._return_chain(sub.queue, sub.chain, reply, self._win)
             if sub.status not in _NO_FAULT and not (BREAKS and "ctx/no-fault-on-error" in BREAKS):
                 ctx = self.contexts.get(sub.req.context_id)
                 if ctx is not None and not ctx.faulted:

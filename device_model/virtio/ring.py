@@ -33,6 +33,48 @@ class Descriptor(NamedTuple):
     write: bool
 
 
+class DmaWindow:
+    """The device's cache of one port view around the buffers it last reached
+    (ports.DmaPort's optional ring_view): a buffer access inside it goes through the
+    view instead of a DMA call. A port hands a view out only for memory that passes
+    every check of read, write and view() for as long as its view_epoch is unchanged,
+    so such an access is one the DMA call would have made without a fault; anything
+    else (a port without views, a fault plan watching, a range the port will not view,
+    another epoch) takes the DMA call with all its checks.
+
+    Users test a hit inline, `dma is w.dma and dma.view_epoch == w.epoch and w.lo <=
+    addr and addr + n <= w.hi` (`dma` is only ever a port with a view_epoch), and call
+    `cover` only on a miss; the view is `w.mem`, offset 0 = `w.lo`."""
+
+    __slots__ = ("dma", "epoch", "lo", "hi", "mem")
+
+    SPAN = 2 << 20
+    """Asked for first: the aligned 2 MiB around an access, so the next buffers fit too."""
+
+    def __init__(self) -> None:
+        self.dma: object = None
+        self.epoch = -1
+        self.lo = self.hi = 0
+        self.mem = memoryview(b"")
+
+    def cover(self, dma: DmaPort, addr: int, n: int) -> bool:
+        """Make the window cover [addr, addr+n) if the port offers a view of it (then
+        True); False: the caller makes the DMA call. Asks no more than two views."""
+        epoch = getattr(dma, "view_epoch", None)
+        if epoch is None or n <= 0 or addr < 0 or addr + n > _U64:
+            return False
+        span = self.SPAN
+        lo, hi = addr & -span, -(-(addr + n) // span) * span
+        mem = dma.ring_view(lo, hi - lo) if hi <= _U64 else None  # type: ignore[attr-defined]
+        if mem is None:
+            lo, hi = addr, addr + n
+            mem = dma.ring_view(addr, n)  # type: ignore[attr-defined]
+            if mem is None:
+                return False
+        self.dma, self.epoch, self.lo, self.hi, self.mem = dma, epoch, lo, hi, mem
+        return True
+
+
 class DescriptorChain:
     """A checked request: readable buffers, then writable ones, and their byte totals
     (`readable_len`, `writable_len`: the walk that made the chain adds them up as it
@@ -62,12 +104,21 @@ class DescriptorChain:
         return (f"DescriptorChain(head={self.head}, readable={self.readable}, "
                 f"writable={self.writable})")
 
-    def read(self, dma: DmaPort, limit: int) -> bytes:
-        """Gather up to `limit` readable bytes (raises DmaFault)."""
+    def read(self, dma: DmaPort, limit: int, win: DmaWindow | None = None) -> bytes:
+        """Gather up to `limit` readable bytes (raises DmaFault); `win`: the caller's
+        DmaWindow, through which a single buffer inside it is read."""
         if len(self.readable) == 1:   # the usual request: one buffer
-            d = self.readable[0]
-            n = min(limit, d.length)
-            return dma.read(d.addr, n) if n > 0 else b""
+            addr, n, _ = self.readable[0]
+            if n > limit:
+                n = limit
+            if n <= 0:
+                return b""
+            w = win
+            if w is not None and (dma is w.dma and dma.view_epoch == w.epoch  # type: ignore[attr-defined]
+                                  and w.lo <= addr and addr + n <= w.hi
+                                  or w.cover(dma, addr, n)):
+                return w.mem[addr - w.lo:addr - w.lo + n].tobytes()
+            return dma.read(addr, n)
         parts: list[bytes] = []
         left = limit
         for d in self.readable:
@@ -79,14 +130,21 @@ class DescriptorChain:
             left -= n
         return b"".join(parts)
 
-    def write(self, dma: DmaPort, data: bytes) -> int:
-        """Scatter `data` over the writable buffers; returns the bytes written.
+    def write(self, dma: DmaPort, data: bytes, win: DmaWindow | None = None) -> int:
+        """Scatter `data` over the writable buffers; returns the bytes written (a single
+        buffer inside the caller's DmaWindow `win` is written through it).
 
         Every target is checked before the first byte is written, so a fault writes
         nothing (raises DmaFault)."""
         n = len(data)
         if len(self.writable) == 1 and 0 < n <= self.writable[0].length:
             addr = self.writable[0].addr   # the usual reply: one buffer that holds it all
+            w = win
+            if w is not None and (dma is w.dma and dma.view_epoch == w.epoch  # type: ignore[attr-defined]
+                                  and w.lo <= addr and addr + n <= w.hi
+                                  or w.cover(dma, addr, n)):
+                w.mem[addr - w.lo:addr - w.lo + n] = data
+                return n
             dma.view(addr, n)   # probe, as below
             dma.write(addr, data)
             return n

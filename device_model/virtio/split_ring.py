@@ -17,7 +17,7 @@ from ..ports import DmaFault, DmaPort
 from ..testing_breaks import BREAKS
 from .in_order import UsedOrder
 from .queue import Queue
-from .ring import Descriptor, DescriptorChain, RingError, ring_read, ring_write
+from .ring import Descriptor, DescriptorChain, DmaWindow, RingError, ring_read, ring_write
 
 _U64 = 1 << 64
 _new_tuple = tuple.__new__
@@ -72,6 +72,7 @@ class SplitRing:
         self._mem: memoryview | None = None   # see _ring_mem
         self._mem_dma: object = None
         self._mem_epoch = -1
+        self._bufs = DmaWindow()   # buffers and indirect tables, while _mem is valid
 
     @staticmethod
     def alignment_ok(queue: Queue) -> bool:
@@ -207,12 +208,15 @@ class SplitRing:
     def _walk(self, dma: DmaPort, head: int, mem: memoryview | None = None) -> DescriptorChain:
         """Follow and check the chain at `head`; `mem`: the ring view (_ring_mem), which
         holds the descriptor table, and means the port's probe_view is exact and nobody
-        watches single accesses (so an indirect table is read through the view its
-        check makes instead of once per descriptor)."""
+        watches single accesses (so an indirect table is read through a view instead of
+        once per descriptor, and a buffer inside the ring's DmaWindow needs no probe:
+        the port vouches for it)."""
         readable: list[Descriptor] = []
         writable: list[Descriptor] = []
         rlen = wlen = 0
         probe = dma.view if mem is None else dma.probe_view  # type: ignore[attr-defined]
+        w = self._bufs
+        epoch = self._mem_epoch   # the port's view_epoch while `mem` is (pop just checked)
         table = self.desc_table
         entries = self.size
         idx = head
@@ -254,11 +258,17 @@ class SplitRing:
                 if addr + length > _U64:
                     raise RingError("ring/addr-overflow",
                                     f"indirect table {addr:#x}+{length} overflows")
+                table, entries, idx, count, in_indirect = addr, length // _DESC_SIZE, 0, 0, True
+                if mem is not None and (
+                        dma is w.dma and w.epoch == epoch
+                        and w.lo <= addr and addr + length <= w.hi
+                        or w.cover(dma, addr, length)):
+                    src, base = w.mem, w.lo
+                    continue
                 try:
                     view = dma.view(addr, length)
                 except DmaFault as e:
                     raise RingError("ring/dma", f"indirect table: {e}") from None
-                table, entries, idx, count, in_indirect = addr, length // _DESC_SIZE, 0, 0, True
                 src = view.data if mem is not None else None
                 base = addr
                 continue
@@ -270,7 +280,11 @@ class SplitRing:
                     BREAKS and "ring/skip-write-before-read" in BREAKS):
                 raise RingError("ring/write-before-read",
                                 f"readable descriptor {idx} after a writable one")
-            if length:
+            if length and not (
+                    mem is not None and (
+                        dma is w.dma and w.epoch == epoch
+                        and w.lo <= addr and addr + length <= w.hi
+                        or w.cover(dma, addr, length))):
                 try:
                     probe(addr, length)
                 except DmaFault as e:
