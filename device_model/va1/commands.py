@@ -147,10 +147,6 @@ class ResolveCache:
             self._state = state
         return self._entries, self._buffers.get(buf)
 
-    def buffer(self, buf: bytes) -> "_KeptBuffer | None":
-        """The kept decode of exactly `buf` (valid only right after `lookup`)."""
-        return self._buffers.get(buf)
-
     def keep_buffer(self, buf: bytes, cmds: list[Command],
                     rechecks: list[tuple[Command, Recheck]]) -> None:
         """Keep a top-level buffer's decode, every command of which may be kept (NOPs

@@ -298,13 +298,14 @@ def test_a_kept_buffer_is_served_whole_with_its_host_rechecks() -> None:
     env = _ctx_env(None, cache)._replace(dma=port)
     buf = nop() + h2d(0x1000, 0x100, 0x100) + gemm(4, 4, 4, 0, 0x100, 0x200)
     first = C.decode(buf, env)
-    assert cache.buffer(buf) is not None
+    assert cache.lookup(env, buf)[1] is not None
     again = C.decode(buf, env)
     assert again is not first and all(a is b for a, b in zip(again, first))
     # a longer buffer whose commands were kept one by one owes the same recheck
     longer = buf + nop()
     C.decode(longer, env)
-    assert [c for c, _ in cache.buffer(longer).rechecks] == [first[1]]
+    kept = cache.lookup(env, longer)[1]
+    assert kept is not None and [c for c, _ in kept.rechecks] == [first[1]]
     port.limit = 0x1080
     for b in (buf, longer):
         with pytest.raises(C.CommandError) as ei:
@@ -313,7 +314,7 @@ def test_a_kept_buffer_is_served_whole_with_its_host_rechecks() -> None:
     with_signal = buf + signal(0x1800, 1)
     port.limit = 0x2000
     C.decode(with_signal, env)
-    assert cache.buffer(with_signal) is None
+    assert cache.lookup(env, with_signal)[1] is None
     port.limit = 0x1800
     with pytest.raises(C.CommandError) as ei:
         C.decode(with_signal, env)
