@@ -442,7 +442,12 @@ class Va1Device(VirtioDevice):
                 raw = chain.read(self.dma, _SUBMIT_REQ_SIZE, self._win)
             except DmaFault as e:
                 raise RingError("ring/dma", f"submit request: {e}") from None
-            self.processor.enqueue(Submission(qi, chain, SubmitRequest.unpack(raw)))
+            sub = Submission(qi, chain, SubmitRequest.unpack(raw))
+            # The ring known empty (the pop that would find so is skipped) and the
+            # function idle: the processor starts it as enqueue + dispatch would.
+            if q.drained and self.processor.start_alone(sub):
+                return
+            self.processor.enqueue(sub)
         if self.active and not self.broken:
             self.processor.sched.dispatch()  # type: ignore[union-attr]
 
@@ -562,6 +567,7 @@ class _Disabled:
     nothing to take (DeviceRing)."""
 
     ready = False
+    drained = False
 
     def pending(self, dma: object) -> int:
         return 0

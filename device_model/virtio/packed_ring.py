@@ -43,6 +43,8 @@ class PackedRing:
     """One packed virtqueue's device side: its registers, frozen at DRIVER_OK, and the
     device's positions and wrap counters (both start at 1)."""
 
+    drained = False   # DeviceRing.drained: never known here, the next pop looks
+
     def __init__(self, queue: Queue, *, indirect: bool, event_idx: bool,
                  in_order: bool = False) -> None:
         self.size = queue.size

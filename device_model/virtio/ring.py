@@ -202,6 +202,13 @@ class DeviceRing(Protocol):
         """The next available chain, fully checked, or None. Raises RingError."""
         ...
 
+    @property
+    def drained(self) -> bool:
+        """After a pop that returned a chain: True when a pop now, with nothing written
+        to the ring since, would return None and change nothing (so the caller may skip
+        it); False when that is not known."""
+        ...
+
     def push_used(self, dma: DmaPort, head: int, length: int) -> None:
         """Give chain `head` back with `length` bytes written. Raises RingError."""
         ...

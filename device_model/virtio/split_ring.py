@@ -21,6 +21,7 @@ from .ring import Descriptor, DescriptorChain, DmaWindow, RingError, ring_read, 
 
 _U64 = 1 << 64
 _new_tuple = tuple.__new__
+_new_chain = object.__new__
 _DESC_FMT = V.DESC.format
 _DESC_UNPACK = struct.Struct(_DESC_FMT).unpack
 _DESC_FROM = struct.Struct(_DESC_FMT).unpack_from
@@ -40,6 +41,12 @@ def vring_need_event(event_idx: int, new_idx: int, old_idx: int) -> bool:
 class SplitRing:
     """One split virtqueue's device side: its registers, frozen at DRIVER_OK, and the
     device's indices."""
+
+    drained: bool
+    """Set by every pop: True when it took, through the ring view, the last chain the
+    avail.idx it read offered, and published avail_event as an empty pop would. A pop
+    right after it (no avail.idx written since) finds nothing and writes the same value:
+    the device may skip it (DeviceRing.drained)."""
 
     def __init__(self, queue: Queue, *, indirect: bool, event_idx: bool,
                  in_order: bool = False) -> None:
@@ -73,6 +80,7 @@ class SplitRing:
         self._mem_dma: object = None
         self._mem_epoch = -1
         self._bufs = DmaWindow()   # buffers and indirect tables, while _mem is valid
+        self.drained = False
 
     @staticmethod
     def alignment_ok(queue: Queue) -> bool:
@@ -159,6 +167,7 @@ class SplitRing:
                 raise RingError("ring/avail-idx-jump",
                                 f"avail.idx moved {n} past {last} (queue size {self.size})")
             if n == 0:
+                self.drained = False
                 if self.event_idx:
                     _U16_INTO(mem, self._avail_event_at - lo, last)
                 return None
@@ -175,7 +184,9 @@ class SplitRing:
             last = self.last_avail_idx = (last + 1) & 0xFFFF
             if self.event_idx:
                 _U16_INTO(mem, self._avail_event_at - lo, last)
+            self.drained = n == 1
             return chain
+        self.drained = False
         self.check_rings(dma)
         if self.pending(dma) == 0:
             self.publish_avail_event(dma)
@@ -298,7 +309,13 @@ class SplitRing:
             if not flags & V.DESC_F_NEXT:
                 if self._order is not None:
                     self._next_desc = ((head if in_indirect else idx) + 1) % self.size
-                return DescriptorChain(head, readable, writable, self, rlen, wlen)
+                # DescriptorChain(head, readable, writable, self, rlen, wlen), without
+                # its __init__ frame (the lengths are summed already)
+                chain = _new_chain(DescriptorChain)
+                chain.head, chain.readable, chain.writable, chain.ring = (
+                    head, readable, writable, self)
+                chain.readable_len, chain.writable_len = rlen, wlen
+                return chain
             if nxt >= entries and not (BREAKS and "ring/skip-index-range" in BREAKS):
                 raise RingError("ring/next-range", f"descriptor {idx}: next {nxt} >= {entries}")
             if self._order is not None and not in_indirect and nxt != (idx + 1) % entries:
@@ -346,9 +363,9 @@ class SplitRing:
         else:
             mem = self._ring_mem(dma)
         if mem is not None:
-            if self.event_idx:
-                return vring_need_event(_U16_FROM(mem, self._used_event_at - self._lo)[0],
-                                        new, old)
+            if self.event_idx:   # vring_need_event, inline
+                return (((new - _U16_FROM(mem, self._used_event_at - self._lo)[0] - 1) & 0xFFFF)
+                        < ((new - old) & 0xFFFF))
             return not _U16_FROM(mem, self.avail_ring - self._lo)[0] & V.AVAIL_F_NO_INTERRUPT
         if self.event_idx:
             return vring_need_event(self.used_event(dma), new, old)
