@@ -60,6 +60,9 @@ class Context:
     flat: bool = False
     aspace: AddressSpace = field(default_factory=AddressSpace)
     resolved: ResolveCache = field(default_factory=ResolveCache)
+    # The DecodeEnv of its submissions, kept with the features it was made for (_env).
+    env: DecodeEnv | None = field(default=None, repr=False, compare=False)
+    env_features: int = field(default=-1, repr=False, compare=False)
 
 
 class Va1Device(VirtioDevice):
@@ -478,16 +481,28 @@ class Va1Device(VirtioDevice):
                 buf = dma.read(addr, n)
             except DmaFault:
                 return Status.DMA_FAULT, NO_OFFSET, []
-        acked = self.acked_features
-        env = DecodeEnv(self.config, self.memory, self.dma, bool(acked >> va1.F_FP16 & 1),
-                        bool(acked >> va1.F_TIMESTAMP & 1), int8=bool(acked >> va1.F_INT8 & 1),
-                        aspace=None if ctx.flat else ctx.aspace, cache=ctx.resolved)
+        env = ctx.env
+        if (env is None or ctx.env_features != self.acked_features
+                or env.config is not self.config or env.memory is not self.memory):
+            env = self._env(ctx)
         try:
             return Status.OK, NO_OFFSET, decode(buf, env)
         except CommandError as e:
             self.tracer.emit("cmd_invalid", queue=sub.queue, offset=e.offset,
                              status=e.status.name, message=e.message)
             return e.status, e.offset, []
+
+    def _env(self, ctx: Context) -> DecodeEnv:
+        """The decode environment of `ctx`'s submissions, made and kept in it: made again
+        when the negotiated features, the config or the memory are not those it was made
+        for (the context's address space and resolve cache are its own for good)."""
+        acked = self.acked_features
+        env = ctx.env = DecodeEnv(
+            self.config, self.memory, self.dma, bool(acked >> va1.F_FP16 & 1),
+            bool(acked >> va1.F_TIMESTAMP & 1), int8=bool(acked >> va1.F_INT8 & 1),
+            aspace=None if ctx.flat else ctx.aspace, cache=ctx.resolved)
+        ctx.env_features = acked
+        return env
 
     def _complete_submission(self, sub: Submission) -> None:
         """At end_ns (or when Bus Master is set again): response, used entry,

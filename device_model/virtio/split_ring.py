@@ -25,6 +25,7 @@ _new_chain = object.__new__
 _DESC_FMT = V.DESC.format
 _DESC_UNPACK = struct.Struct(_DESC_FMT).unpack
 _DESC_FROM = struct.Struct(_DESC_FMT).unpack_from
+_TWO_DESC_FROM = struct.Struct(_DESC_FMT + _DESC_FMT.lstrip("<=>!@")).unpack_from
 _U16_FROM = struct.Struct("<H").unpack_from
 _U16_INTO = struct.Struct("<H").pack_into
 _USED_ELEM_INTO = struct.Struct(V.USED_ELEM.format).pack_into
@@ -175,12 +176,37 @@ class SplitRing:
                              - lo)[0]
             if head >= self.size and not (BREAKS and "ring/skip-index-range" in BREAKS):
                 raise RingError("ring/head-range", f"head {head} >= queue size {self.size}")
-            if self._order is not None and head != self._next_desc:
-                raise RingError("ring/in-order-desc", f"head {head}: with IN_ORDER the next "
-                                f"chain starts at descriptor {self._next_desc}")
-            chain = self._walk(dma, head, mem)
             if self._order is not None:
+                if head != self._next_desc:
+                    raise RingError("ring/in-order-desc", f"head {head}: with IN_ORDER the "
+                                    f"next chain starts at descriptor {self._next_desc}")
+                chain = self._walk(dma, head, mem)
                 self._order.taken(head, chain.writable_len)
+            else:
+                # The usual request: one INDIRECT descriptor whose two-entry table (a
+                # readable buffer, NEXT to entry 1, a writable one) and both buffers lie
+                # in the walk's valid window. Every check of _walk passes for it (the
+                # window lies below 2^64); it builds the same chain. Anything else: _walk.
+                addr, length, flags, _ = _DESC_FROM(mem, self.desc_table + _DESC_SIZE * head
+                                                    - lo)
+                w = self._bufs
+                if (flags == V.DESC_F_INDIRECT and length == 2 * _DESC_SIZE and self.indirect
+                        and dma is w.dma and w.epoch == self._mem_epoch
+                        and w.lo <= addr and addr + length <= w.hi):
+                    wlo, whi = w.lo, w.hi
+                    ra, rn, rf, rnext, wa, wn, wf, _ = _TWO_DESC_FROM(w.mem, addr - wlo)
+                    if (rf == V.DESC_F_NEXT and rnext == 1 and wf == V.DESC_F_WRITE
+                            and rn and wlo <= ra and ra + rn <= whi
+                            and wn and wlo <= wa and wa + wn <= whi):
+                        chain = _new_chain(DescriptorChain)
+                        chain.head, chain.ring = head, self
+                        chain.readable = [_new_tuple(Descriptor, (ra, rn, False))]
+                        chain.writable = [_new_tuple(Descriptor, (wa, wn, True))]
+                        chain.readable_len, chain.writable_len = rn, wn
+                    else:
+                        chain = self._walk(dma, head, mem)
+                else:
+                    chain = self._walk(dma, head, mem)
             last = self.last_avail_idx = (last + 1) & 0xFFFF
             if self.event_idx:
                 _U16_INTO(mem, self._avail_event_at - lo, last)
