@@ -315,8 +315,7 @@ class Va1Device(VirtioDevice):
             n = chain.write(self.dma, reply, win)
         except DmaFault as e:
             raise RingError("ring/dma", f"reply buffer: {e}") from None
-        q.push_used(self.dma, chain.head, n)
-        if q.needs_interrupt(self.dma) and self.interrupt is not None:
+        if q.push_used_interrupt(self.dma, chain.head, n) and self.interrupt is not None:
             self.interrupt.signal_used(qi)
 
     # --- controlq --------------------------------------------------------------------
@@ -594,6 +593,9 @@ class _Disabled:
         return None
 
     def needs_interrupt(self, dma: object) -> bool:
+        return False
+
+    def push_used_interrupt(self, dma: object, head: int, length: int) -> bool:
         return False
 
     def check_notification(self, dma: object, next_off: int, next_wrap: int) -> None:

@@ -327,6 +327,11 @@ class PackedRing:
             self.next_used -= self.size
             self.used_wrap ^= 1
 
+    def push_used_interrupt(self, dma: DmaPort, head: int, length: int) -> bool:
+        """DeviceRing: push_used, then needs_interrupt."""
+        self.push_used(dma, head, length)
+        return self.needs_interrupt(dma)
+
     def _used_linear(self) -> int:
         return self.next_used + (0 if self.used_wrap else self.size)
 

@@ -217,6 +217,10 @@ class DeviceRing(Protocol):
         """After pushing used entries: should the driver be interrupted?"""
         ...
 
+    def push_used_interrupt(self, dma: DmaPort, head: int, length: int) -> bool:
+        """push_used(dma, head, length), then needs_interrupt(dma), in one call."""
+        ...
+
     def check_notification(self, dma: DmaPort, next_off: int, next_wrap: int) -> None:
         """VIRTIO_F_NOTIFICATION_DATA: the driver's notification says where its next
         available entry goes; raise RingError (notify/data) when the ring does not

@@ -378,6 +378,30 @@ class SplitRing:
             self._write(dma, self.used_ring + 2, self.next_used_idx.to_bytes(2, "little"),
                         "used.idx")
 
+    def push_used_interrupt(self, dma: DmaPort, head: int, length: int) -> bool:
+        """push_used, then needs_interrupt (DeviceRing). Without IN_ORDER and with a
+        valid ring view (the usual completion), in one pass through the view: the same
+        writes and the same reads as the two calls, which take everything else."""
+        if (self._order is None and dma is self._mem_dma
+                and dma.view_epoch == self._mem_epoch  # type: ignore[attr-defined]
+                and (mem := self._mem) is not None):
+            lo = self._lo
+            old = self.next_used_idx
+            _USED_ELEM_INTO(mem, self._used_elems_at + _USED_ELEM_SIZE * (old % self.size) - lo,
+                            head, length)
+            new = self.next_used_idx = (old + 1) & 0xFFFF
+            _U16_INTO(mem, self.used_ring + 2 - lo, new)
+            old = self._signalled_used
+            self._signalled_used = new
+            if old == new:
+                return False
+            if self.event_idx:   # vring_need_event, inline
+                return (((new - _U16_FROM(mem, self._used_event_at - lo)[0] - 1) & 0xFFFF)
+                        < ((new - old) & 0xFFFF))
+            return not _U16_FROM(mem, self.avail_ring - lo)[0] & V.AVAIL_F_NO_INTERRUPT
+        self.push_used(dma, head, length)
+        return self.needs_interrupt(dma)
+
     def needs_interrupt(self, dma: DmaPort) -> bool:
         """After pushing used entries: should the driver be interrupted?"""
         old, new = self._signalled_used, self.next_used_idx
