@@ -150,7 +150,7 @@ class ResolveCache:
             self._buffers.clear()
             self._buffer_bytes = 0
             self._state = state
-        self._env, self._generation = env, state[3]   # type: ignore[assignment]
+        self._env, self._generation = env, state[3]
         return self._entries, self._buffers.get(buf)
 
 

@@ -155,9 +155,9 @@ class Scheduler:
             # A lone function with nothing to start (the active set holds registered
             # functions only): all the pick would do is drop it from the active set if
             # an engine is free and it runs nothing.
-            fs = functions[0]
-            if not fs.running and None in self.engines:
-                active.pop(fs.index, None)
+            lone = functions[0]
+            if not lone.running and None in self.engines:
+                active.pop(lone.index, None)
             return
         self._dispatching = True
         try:

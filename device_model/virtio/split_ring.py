@@ -396,8 +396,8 @@ class SplitRing:
             if old == new:
                 return False
             if self.event_idx:   # vring_need_event, inline
-                return (((new - _U16_FROM(mem, self._used_event_at - lo)[0] - 1) & 0xFFFF)
-                        < ((new - old) & 0xFFFF))
+                event: int = _U16_FROM(mem, self._used_event_at - lo)[0]
+                return ((new - event - 1) & 0xFFFF) < ((new - old) & 0xFFFF)
             return not _U16_FROM(mem, self.avail_ring - lo)[0] & V.AVAIL_F_NO_INTERRUPT
         self.push_used(dma, head, length)
         return self.needs_interrupt(dma)
@@ -414,8 +414,8 @@ class SplitRing:
             mem = self._ring_mem(dma)
         if mem is not None:
             if self.event_idx:   # vring_need_event, inline
-                return (((new - _U16_FROM(mem, self._used_event_at - self._lo)[0] - 1) & 0xFFFF)
-                        < ((new - old) & 0xFFFF))
+                event: int = _U16_FROM(mem, self._used_event_at - self._lo)[0]
+                return ((new - event - 1) & 0xFFFF) < ((new - old) & 0xFFFF)
             return not _U16_FROM(mem, self.avail_ring - self._lo)[0] & V.AVAIL_F_NO_INTERRUPT
         if self.event_idx:
             return vring_need_event(self.used_event(dma), new, old)
