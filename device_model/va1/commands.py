@@ -129,6 +129,11 @@ class ResolveCache:
         self._buffers: dict[bytes, _KeptBuffer] = {}
         self._buffer_bytes = 0
         self._state: tuple[object, ...] = ()
+        # The env of the last lookup and its address space's generation then: decode
+        # asks lookup only when its env is another one, that generation moved or the
+        # memo is full (otherwise lookup would find its state unchanged, empty nothing).
+        self._env: DecodeEnv | None = None
+        self._generation = -1
 
     def lookup(self, env: DecodeEnv, buf: bytes
                ) -> tuple[dict[tuple[int, bytes], Command], "_KeptBuffer | None"]:
@@ -145,7 +150,9 @@ class ResolveCache:
             self._buffers.clear()
             self._buffer_bytes = 0
             self._state = state
+        self._env, self._generation = env, state[3]
         return self._entries, self._buffers.get(buf)
+
 
     def keep_buffer(self, buf: bytes, cmds: list[Command],
                     rechecks: list[tuple[Command, Recheck]]) -> None:
@@ -290,7 +297,12 @@ def decode(buf: bytes, env: DecodeEnv) -> list[Command]:
     cache = env.cache
     if cache is None or type(buf) is not bytes or BREAKS:
         return _decode(buf, env, 0, _top_budget(buf, env))
-    memo, kept = cache.lookup(env, buf)
+    aspace = env.aspace
+    if (env is cache._env and (aspace is None or aspace.generation == cache._generation)
+            and len(cache._entries) < cache.MAX_ENTRIES):
+        memo, kept = cache._entries, cache._buffers.get(buf)
+    else:
+        memo, kept = cache.lookup(env, buf)
     if kept is None:
         owed = _Owed()
         cmds = _decode(buf, env, 0, _top_budget(buf, env), memo, owed)

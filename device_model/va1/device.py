@@ -32,7 +32,8 @@ from .scheduler import Scheduler
 from .metrics import Metrics
 from .migration import MigrationPort
 from .requests import (CtrlRequest, SubmitRequest, bad_request_reply, ctrl_response_size,
-                       pack_ctrl_resp, pack_event, pack_stats_resp, pack_submit_resp)
+                       pack_ctrl_resp, pack_event, pack_stats_resp, pack_submit_resp,
+                       pack_submit_resp_into, unpack_submit_from)
 
 if TYPE_CHECKING:  # pragma: no cover
     from .card import AdminHandler
@@ -51,6 +52,7 @@ _NO_FAULT = frozenset({Status.OK, Status.ABORTED, Status.BAD_CONTEXT, Status.CON
 _SUBMIT_REQ_SIZE = va1.SUBMIT_REQ.size
 _SUBMIT_RESP_SIZE = va1.SUBMIT_RESP.size
 _U64 = 1 << 64
+_new_tuple = tuple.__new__
 
 
 @dataclass
@@ -60,6 +62,9 @@ class Context:
     flat: bool = False
     aspace: AddressSpace = field(default_factory=AddressSpace)
     resolved: ResolveCache = field(default_factory=ResolveCache)
+    # The DecodeEnv of its submissions, kept with the features it was made for (_env).
+    env: DecodeEnv | None = field(default=None, repr=False, compare=False)
+    env_features: int = field(default=-1, repr=False, compare=False)
 
 
 class Va1Device(VirtioDevice):
@@ -312,8 +317,7 @@ class Va1Device(VirtioDevice):
             n = chain.write(self.dma, reply, win)
         except DmaFault as e:
             raise RingError("ring/dma", f"reply buffer: {e}") from None
-        q.push_used(self.dma, chain.head, n)
-        if q.needs_interrupt(self.dma) and self.interrupt is not None:
+        if q.push_used_interrupt(self.dma, chain.head, n) and self.interrupt is not None:
             self.interrupt.signal_used(qi)
 
     # --- controlq --------------------------------------------------------------------
@@ -438,11 +442,26 @@ class Va1Device(VirtioDevice):
                 self.tracer.emit("bad_request", queue=qi, head=chain.head)
                 self._return_chain(qi, chain, bad_request_reply(chain.writable_len))
                 continue
-            try:
-                raw = chain.read(self.dma, _SUBMIT_REQ_SIZE, self._win)
-            except DmaFault as e:
-                raise RingError("ring/dma", f"submit request: {e}") from None
-            self.processor.enqueue(Submission(qi, chain, SubmitRequest.unpack(raw)))
+            rd = chain.readable
+            w = self._win
+            if (len(rd) == 1 and self.dma is w.dma
+                    and self.dma.view_epoch == w.epoch  # type: ignore[attr-defined]
+                    and w.lo <= (addr := rd[0][0]) and addr + _SUBMIT_REQ_SIZE <= w.hi):
+                # the usual request, one buffer inside the window: chain.read's own
+                # window read, and unpacked in place
+                req = _new_tuple(SubmitRequest, unpack_submit_from(w.mem, addr - w.lo))
+            else:
+                try:
+                    raw = chain.read(self.dma, _SUBMIT_REQ_SIZE, w)
+                except DmaFault as e:
+                    raise RingError("ring/dma", f"submit request: {e}") from None
+                req = SubmitRequest.unpack(raw)
+            sub = Submission(qi, chain, req)
+            # The ring known empty (the pop that would find so is skipped) and the
+            # function idle: the processor starts it as enqueue + dispatch would.
+            if q.drained and self.processor.start_alone(sub):
+                return
+            self.processor.enqueue(sub)
         if self.active and not self.broken:
             self.processor.sched.dispatch()  # type: ignore[union-attr]
 
@@ -473,16 +492,28 @@ class Va1Device(VirtioDevice):
                 buf = dma.read(addr, n)
             except DmaFault:
                 return Status.DMA_FAULT, NO_OFFSET, []
-        acked = self.acked_features
-        env = DecodeEnv(self.config, self.memory, self.dma, bool(acked >> va1.F_FP16 & 1),
-                        bool(acked >> va1.F_TIMESTAMP & 1), int8=bool(acked >> va1.F_INT8 & 1),
-                        aspace=None if ctx.flat else ctx.aspace, cache=ctx.resolved)
+        env = ctx.env
+        if (env is None or ctx.env_features != self.acked_features
+                or env.config is not self.config or env.memory is not self.memory):
+            env = self._env(ctx)
         try:
             return Status.OK, NO_OFFSET, decode(buf, env)
         except CommandError as e:
             self.tracer.emit("cmd_invalid", queue=sub.queue, offset=e.offset,
                              status=e.status.name, message=e.message)
             return e.status, e.offset, []
+
+    def _env(self, ctx: Context) -> DecodeEnv:
+        """The decode environment of `ctx`'s submissions, made and kept in it: made again
+        when the negotiated features, the config or the memory are not those it was made
+        for (the context's address space and resolve cache are its own for good)."""
+        acked = self.acked_features
+        env = ctx.env = DecodeEnv(
+            self.config, self.memory, self.dma, bool(acked >> va1.F_FP16 & 1),
+            bool(acked >> va1.F_TIMESTAMP & 1), int8=bool(acked >> va1.F_INT8 & 1),
+            aspace=None if ctx.flat else ctx.aspace, cache=ctx.resolved)
+        ctx.env_features = acked
+        return env
 
     def _complete_submission(self, sub: Submission) -> None:
         """At end_ns (or when Bus Master is set again): response, used entry,
@@ -493,9 +524,26 @@ class Va1Device(VirtioDevice):
         if not self.active or self.broken:   # self._live()
             return
         try:
-            reply = pack_submit_resp(sub.status, sub.error_offset, sub.req.fence_seq,
-                                     sub.start_ns, sub.end_ns)
-            self._return_chain(sub.queue, sub.chain, reply, self._win)
+            chain = sub.chain
+            qi = sub.queue
+            q = self.queues[qi]
+            wr = chain.writable
+            w = self._win
+            if (chain.ring is q and len(wr) == 1 and wr[0][1] >= _SUBMIT_RESP_SIZE
+                    and self.dma is w.dma
+                    and self.dma.view_epoch == w.epoch  # type: ignore[attr-defined]
+                    and w.lo <= (addr := wr[0][0]) and addr + _SUBMIT_RESP_SIZE <= w.hi):
+                # _return_chain for the usual reply: not stale, one buffer that holds
+                # it inside the window (chain.write's own window write), packed in place
+                pack_submit_resp_into(w.mem, addr - w.lo, sub.status, sub.error_offset,
+                                      sub.req.fence_seq, sub.start_ns, sub.end_ns)
+                if (q.push_used_interrupt(self.dma, chain.head, _SUBMIT_RESP_SIZE)
+                        and self.interrupt is not None):
+                    self.interrupt.signal_used(qi)
+            else:
+                reply = pack_submit_resp(sub.status, sub.error_offset, sub.req.fence_seq,
+                                         sub.start_ns, sub.end_ns)
+                self._return_chain(qi, chain, reply, w)
             if sub.status not in _NO_FAULT and not (BREAKS and "ctx/no-fault-on-error" in BREAKS):
                 ctx = self.contexts.get(sub.req.context_id)
                 if ctx is not None and not ctx.faulted:
@@ -562,6 +610,7 @@ class _Disabled:
     nothing to take (DeviceRing)."""
 
     ready = False
+    drained = False
 
     def pending(self, dma: object) -> int:
         return 0
@@ -573,6 +622,9 @@ class _Disabled:
         return None
 
     def needs_interrupt(self, dma: object) -> bool:
+        return False
+
+    def push_used_interrupt(self, dma: object, head: int, length: int) -> bool:
         return False
 
     def check_notification(self, dma: object, next_off: int, next_wrap: int) -> None:

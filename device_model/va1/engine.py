@@ -217,12 +217,7 @@ class CommandProcessor:
         self.reset()
 
     def has_work(self) -> bool:
-        if any(self.pending):
-            return True
-        for r in self.resume:
-            if r is not None:
-                return True
-        return False
+        return any(self.pending) or any(self.resume)   # a _Run is always true
 
     def startable(self) -> bool:
         busy, resume = self.busy, self.resume
@@ -277,34 +272,75 @@ class CommandProcessor:
         """Give free engines to functions with work (the card's scheduler decides)."""
         self.sched.dispatch()  # type: ignore[union-attr]
 
-    def start_next(self, engine: int) -> None:
-        """The scheduler gave us `engine`: start (or resume) our next queue's work.
+    def start_alone(self, sub: Submission) -> bool:
+        """A submission arriving at a lone function (the scheduler's only one) with
+        nothing queued, running or asleep, a free engine and no dispatch under way: do
+        what `enqueue(sub)` and the scheduler's dispatch would, without their scans
+        (which could only find this submission), and return True. False: nothing was
+        done (the caller enqueues and dispatches)."""
+        sched = self.sched
+        fs = self.fs
+        assert sched is not None
+        functions = sched.functions
+        if (len(functions) != 1 or functions[0] is not fs or sched._dispatching
+                or fs.running or self.sleeping or fs.stopped or not fs.bus_master
+                or any(self.pending) or any(self.resume)):   # has_work()
+            return False
+        engines = sched.engines
+        if None not in engines:
+            return False
+        slot = self.queues.index(sub.queue)
+        # enqueue: became_active, where min_active_vt of a lone function is 0.0
+        fs.vt = max(fs.vt, 0.0)
+        sched._active[fs.index] = fs
+        self.pending[slot].append(sub)
+        # dispatch: the first free engine to the only function; start_next: the only
+        # queue with work. Nested dispatches wait for the end of the start, as in
+        # dispatch, which then looks again only if one was asked for.
+        sched._dispatching = True
+        sched._again = False
+        try:
+            self.start_next(engines.index(None), slot)
+        except Exception as e:  # as in dispatch: this function alone fails
+            self.failed(e)
+        finally:
+            sched._dispatching = False
+        if sched._again:
+            sched.dispatch()
+        return True
+
+    def start_next(self, engine: int, slot: int | None = None) -> None:
+        """The scheduler gave us `engine`: start (or resume) our next queue's work
+        (`slot`: the caller knows it is the only startable queue).
 
         The queue: round robin across contexts (the next context id after the last one
         started, among the heads of the startable queues), then across queues."""
         n = len(self.queues)
-        slot = None
-        best_key = None
-        last = self._last_ctx
         busy, resume, pending = self.busy, self.resume, self.pending
-        for i in range(n):
-            s = (self._rr + i) % n
-            if busy[s]:
-                continue
-            run = resume[s]
-            if run is not None:
-                cid = run.sub.req.context_id
-            elif pending[s]:
-                cid = pending[s][0].req.context_id
-            else:
-                continue
-            key = (cid <= last, cid)
-            if best_key is None or key < best_key:
-                slot, best_key = s, key
-        if slot is None or best_key is None:  # pragma: no cover - startable() was asked
-            return
+        if slot is None:
+            best_key = None
+            last = self._last_ctx
+            for i in range(n):
+                s = (self._rr + i) % n
+                if busy[s]:
+                    continue
+                run = resume[s]
+                if run is not None:
+                    cid = run.sub.req.context_id
+                elif pending[s]:
+                    cid = pending[s][0].req.context_id
+                else:
+                    continue
+                key = (cid <= last, cid)
+                if best_key is None or key < best_key:
+                    slot, best_key = s, key
+            if slot is None or best_key is None:  # pragma: no cover - startable() was asked
+                return
+            self._last_ctx = best_key[1]
+        else:
+            run = resume[slot]
+            self._last_ctx = (run.sub if run is not None else pending[slot][0]).req.context_id
         self._rr = (slot + 1) % n
-        self._last_ctx = best_key[1]
         self.busy[slot] = True
         self.fs.running += 1
         now = self.clock.now_ns()

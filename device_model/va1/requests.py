@@ -44,6 +44,11 @@ class SubmitRequest(NamedTuple):
         return _new_tuple(cls, _SUBMIT_REQ.unpack_from(data))   # _make, minus its checks
 
 
+unpack_submit_from: Callable[..., tuple[int, int, int, int, int, int]] = _SUBMIT_REQ.unpack_from
+"""unpack_submit_from(buffer, offset): a submitq request's fields, read in place (for
+`tuple.__new__(SubmitRequest, ...)`: SubmitRequest.unpack without its frame or a copy)."""
+
+
 def ctrl_response_size(type_: int) -> int:
     return va1.STATS_RESP.size if type_ == CtrlType.GET_STATS else va1.CTRL_RESP.size
 
@@ -70,6 +75,10 @@ pack_submit_resp: Callable[[Status, int, int, int, int], bytes] = struct.Struct(
     va1.SUBMIT_RESP.format).pack
 """pack_submit_resp(status, error_offset, fence_seq, start_ns, end_ns): the submitq
 response (a Struct's own pack: one is packed per submission)."""
+
+pack_submit_resp_into: Callable[..., None] = struct.Struct(va1.SUBMIT_RESP.format).pack_into
+"""pack_submit_resp_into(buffer, offset, status, error_offset, fence_seq, start_ns,
+end_ns): the same response written in place."""
 
 
 def pack_event(type_: int, context_id: int, fence_seq: int, status: Status,

@@ -149,8 +149,17 @@ class Scheduler:
         if self._dispatching:
             self._again = True
             return
-        self._dispatching = True
         active = self._active
+        functions = self.functions
+        if len(functions) == 1 and not functions[0].processor.has_work():
+            # A lone function with nothing to start (the active set holds registered
+            # functions only): all the pick would do is drop it from the active set if
+            # an engine is free and it runs nothing.
+            lone = functions[0]
+            if not lone.running and None in self.engines:
+                active.pop(lone.index, None)
+            return
+        self._dispatching = True
         try:
             while True:
                 self._again = False

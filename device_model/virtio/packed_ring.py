@@ -43,6 +43,8 @@ class PackedRing:
     """One packed virtqueue's device side: its registers, frozen at DRIVER_OK, and the
     device's positions and wrap counters (both start at 1)."""
 
+    drained = False   # DeviceRing.drained: never known here, the next pop looks
+
     def __init__(self, queue: Queue, *, indirect: bool, event_idx: bool,
                  in_order: bool = False) -> None:
         self.size = queue.size
@@ -324,6 +326,11 @@ class PackedRing:
         if self.next_used >= self.size:
             self.next_used -= self.size
             self.used_wrap ^= 1
+
+    def push_used_interrupt(self, dma: DmaPort, head: int, length: int) -> bool:
+        """DeviceRing: push_used, then needs_interrupt."""
+        self.push_used(dma, head, length)
+        return self.needs_interrupt(dma)
 
     def _used_linear(self) -> int:
         return self.next_used + (0 if self.used_wrap else self.size)

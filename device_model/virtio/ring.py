@@ -202,12 +202,23 @@ class DeviceRing(Protocol):
         """The next available chain, fully checked, or None. Raises RingError."""
         ...
 
+    @property
+    def drained(self) -> bool:
+        """After a pop that returned a chain: True when a pop now, with nothing written
+        to the ring since, would return None and change nothing (so the caller may skip
+        it); False when that is not known."""
+        ...
+
     def push_used(self, dma: DmaPort, head: int, length: int) -> None:
         """Give chain `head` back with `length` bytes written. Raises RingError."""
         ...
 
     def needs_interrupt(self, dma: DmaPort) -> bool:
         """After pushing used entries: should the driver be interrupted?"""
+        ...
+
+    def push_used_interrupt(self, dma: DmaPort, head: int, length: int) -> bool:
+        """push_used(dma, head, length), then needs_interrupt(dma), in one call."""
         ...
 
     def check_notification(self, dma: DmaPort, next_off: int, next_wrap: int) -> None:
