@@ -412,8 +412,13 @@ class Machine:
         if me is None and deadline is not None:
             self._main_deadline = deadline if outer_main is None else min(outer_main, deadline)
         who = me.name if me is not None else "main"
-        self._mtrace.emit("wait", task=who, what=what,
-                          timeout=-1 if deadline is None else deadline - now)
+        timeout = -1 if deadline is None else deadline - now
+        # Exact strs and ints are plain: the tracer need not check them again.
+        plain = type(who) is str and type(what) is str
+        if plain and type(timeout) is int:
+            self._mtrace.emit_plain("wait", {"task": who, "what": what, "timeout": timeout})
+        else:
+            self._mtrace.emit("wait", task=who, what=what, timeout=timeout)
         woke = limited = False
         try:
             while True:
@@ -444,6 +449,8 @@ class Machine:
             if limited:
                 self._mtrace.emit("wake", task=who, what=what, ok=woke,
                                   time_limit=self.time_limit_ns)
+            elif plain:
+                self._mtrace.emit_plain("wake", {"task": who, "what": what, "ok": woke})
             else:
                 self._mtrace.emit("wake", task=who, what=what, ok=woke)
             if me is not None:   # the wait ends
