@@ -554,14 +554,14 @@ class Stream:
         """
         if self.destroyed or self.context.destroyed:
             self._check("enqueue")
-        if type(commands) is not CommandBufferBuilder and not isinstance(commands,
-                                                                         CommandBufferBuilder):
+        exact = type(commands) is CommandBufferBuilder
+        if not exact and not isinstance(commands, CommandBufferBuilder):
             raise TypeError(f"enqueue needs a CommandBufferBuilder, got "
                             f"{type(commands).__name__}")
         # No buffers listed (the default): no list, dict or closure to build.
         bufs = () if buffers is _NO_BUFFERS else [self._buffer(b, "enqueue buffer")
                                                   for b in buffers]
-        size = len(commands._data) if type(commands) is CommandBufferBuilder else len(commands)
+        size = len(commands._data) if exact else len(commands)
         if size == 0:
             return
         if size % _CMD_ALIGN or size > self._max_cmdbuf:

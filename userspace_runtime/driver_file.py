@@ -186,7 +186,8 @@ class DriverFile:
                 return None
             raise _wrap(e, f"WAIT(context={context_id}, fence={fence_seq}) on {self.path}") \
                 from e
-        return int(arg.status), int(arg.error_offset), int(arg.start_ns), int(arg.end_ns)
+        # cffi reads an integer field as an int: no int() per field.
+        return arg.status, arg.error_offset, arg.start_ns, arg.end_ns
 
     def stats(self) -> dict[str, int]:
         """GET_STATS: the function's counters by field name of struct drm_va1_stats."""
