@@ -189,7 +189,9 @@ class Machine:
         while pending:
             irq = pending.popleft()
             irq.deliver()
-            self._touch(irq.domain)
+            domain = irq.domain
+            if self._declared if domain is None else domain.waiting:   # else a no-op
+                self._touch(domain)
 
     # -- the ready set ---------------------------------------------------------------
     def wait_domain(self, name: str) -> WaitDomain:
