@@ -140,8 +140,8 @@ class DriverFile:
         buffer `cmdbuf_handle`, on submit queue `queue` of context `context_id`, with
         the buffers `handles` it uses; returns its fence sequence number. `ncommands`
         (how many commands it holds) only goes into an error's message."""
-        # No handles (an empty collection): no list; the new struct's count is 0.
-        hs = list(handles) if handles else ()
+        # No handles (a stream's empty ordered set): no list; the new struct's count is 0.
+        hs = () if type(handles) is dict and not handles else list(handles)
         if len(hs) > uapi.MAX_SUBMIT_BUFFERS:  # pragma: no cover - the stream splits first
             raise ValueError(f"{len(hs)} buffers in one submission, "
                              f"max {uapi.MAX_SUBMIT_BUFFERS}")

@@ -77,3 +77,21 @@ def test_staging_put_matches_alloc_and_falls_back_when_the_block_is_full(
                        slow.blocks.index(region.block), region.offset, region.block.last_seq))
     assert [p[:3] for p in placed] == [p[3:] for p in placed]
     assert len(fast.blocks) == 2 and placed[2][1] == 0
+
+
+def test_submit_takes_handles_from_any_iterable(make_os: Any) -> None:
+    """SUBMIT skips the handle list only for an empty dict (a stream's set); a numpy
+    array, a generator or a list of handles is listed as before."""
+    from guest_driver import uapi
+    from userspace_runtime.driver_file import DriverFile
+    fake = make_os()
+    drv = DriverFile.open(fake)
+    h, _ = drv.bo_create(64, uapi.BO_HOST)
+    d, _ = drv.bo_create(64, uapi.BO_DEVICE)
+    nop = CommandBufferBuilder()
+    nop.nop()
+    drv.mmap(h)[:8] = np.frombuffer(nop.bytes(), np.uint8)
+    ctx = drv.context_create()
+    for handles in ({}, (), [], np.array([d, d]), (x for x in [d]), {d: None}):
+        drv.submit(ctx, 0, h, 0, 8, handles)
+    assert [sub.handles for sub in fake.file.submissions] == [[], [], [], [d, d], [d], [d]]
