@@ -117,6 +117,24 @@ class StagingPool:
         self._current = block
         return self._take(block, 0, nbytes, seq)
 
+    def put(self, data: bytes | bytearray | memoryview, seq: int) -> tuple[StagingBlock, int]:
+        """Copy `data` into a region for submission `seq` (alloc + Region.write): the
+        block and offset it went to. The tail of the block in use takes it without a
+        Region."""
+        nbytes = len(data)
+        cur = self._current
+        if cur is not None:
+            start = (cur.used + ALIGN - 1) // ALIGN * ALIGN
+            if start + nbytes <= cur.size:  # alloc's common case
+                cur.used = start + nbytes
+                if cur.last_seq < seq:
+                    cur.last_seq = seq
+                cur.mem[start:start + nbytes] = data
+                return cur, start
+        region = self.alloc(nbytes, seq)
+        region.write(data)
+        return region.block, region.offset
+
     @staticmethod
     def _fits(block: StagingBlock, nbytes: int) -> bool:
         return _round_up(block.used, ALIGN) + nbytes <= block.size

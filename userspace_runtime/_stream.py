@@ -51,6 +51,8 @@ def _where(site: tuple[str, int]) -> str:
     return f"{_os.path.basename(site[0])}:{site[1]}"
 
 
+_NO_BUFFERS: tuple[Buffer, ...] = ()   # enqueue's default: no buffers listed
+
 SUBMISSION_HISTORY = 1024   # results a Stream keeps (Stream.submissions)
 
 
@@ -542,7 +544,8 @@ class Stream:
             raise TypeError(f"{what}: this device does not compute in {first} (dtype_mask "
                             f"{self.context.device.params['dtype_mask']:#x})")
 
-    def enqueue(self, commands: CommandBufferBuilder, buffers: Iterable[Buffer] = ()) -> None:
+    def enqueue(self, commands: CommandBufferBuilder,
+                buffers: Iterable[Buffer] = _NO_BUFFERS) -> None:
         """Append prebuilt commands as they are (compiled code, negative tests).
 
         The runtime cannot see which buffers raw addresses refer to: list them in
@@ -551,17 +554,27 @@ class Stream:
         """
         if self.destroyed or self.context.destroyed:
             self._check("enqueue")
-        if type(commands) is not CommandBufferBuilder and not isinstance(commands,
-                                                                         CommandBufferBuilder):
+        exact = type(commands) is CommandBufferBuilder
+        if not exact and not isinstance(commands, CommandBufferBuilder):
             raise TypeError(f"enqueue needs a CommandBufferBuilder, got "
                             f"{type(commands).__name__}")
-        bufs = [self._buffer(b, "enqueue buffer") for b in buffers]
-        size = len(commands)
+        # No buffers listed (the default): no list, dict or closure to build.
+        bufs = () if buffers is _NO_BUFFERS else [self._buffer(b, "enqueue buffer")
+                                                  for b in buffers]
+        size = len(commands._data) if exact else len(commands)
         if size == 0:
             return
         if size % _CMD_ALIGN or size > self._max_cmdbuf:
             raise ValueError(f"enqueue: {size} bytes of commands; a submission takes a "
                              f"multiple of {_CMD_ALIGN} up to {self._max_cmdbuf}")
+        if not bufs:
+            # _append with no handles: the open chunk, unless it holds commands already
+            # (then _room decides whether these still fit).
+            ch = self._open
+            if ch.builder._data:
+                ch = self._room(size, ())
+            ch.builder.extend(commands)
+            return
         handles = {b.handle: None for b in bufs}
         if len(handles) > uapi.MAX_SUBMIT_BUFFERS:
             raise ValueError(f"enqueue: {len(handles)} buffers, a submission takes at most "
@@ -585,16 +598,17 @@ class Stream:
     def _submit_open(self) -> int | None:
         ch = self._open
         bld = ch.builder
-        size = len(bld)
+        data = bld._data
+        size = len(data)
         if not size:
             return None
         self._open = _Chunk(ch.seq + 1, CommandBufferBuilder(self._max_cmdbuf))
-        ch.nbytes, ch.commands = size, bld.command_count  # sealed: _retire reports them
+        ch.nbytes, ch.commands = size, len(bld._cmd_rows)  # sealed: _retire reports them
         try:
-            region = self._staging.alloc(size, ch.seq)
-            region.write(bld.view())  # one memcpy, no ndarray built around the bytes
-            ch.fence = self._drv.submit(self.context.id, self.queue, region.block.handle,
-                                        region.offset, size, ch.handles, ch.commands)
+            # One memcpy into staging, no Region or view built around the bytes.
+            block, offset = self._staging.put(data, ch.seq)
+            ch.fence = self._drv.submit(self.context.id, self.queue, block.handle,
+                                        offset, size, ch.handles, ch.commands)
         except BaseException as e:
             # Queued anyway, so that completion stays in order: retiring it fails its
             # downloads with this error and frees its staging for reuse.
@@ -678,9 +692,14 @@ class Stream:
         inflight = self._inflight
         while inflight and inflight[0].seq <= seq:
             ch = inflight[0]
-            if not self._wait_one(ch, t):
+            if ch.fence is None:   # _wait_one inlined
+                self._retire(ch, None)
+                continue
+            r = self._drv.wait_fields(self.context.id, ch.fence, t)
+            if r is None:
                 raise TimeoutError(f"fence {ch.fence} of context {self.context.id} queue "
                                    f"{self.queue} did not signal within {t} ns")
+            self._retire(ch, r)
         if raise_errors and self._first_error is not None and self._first_error[0] <= seq:
             raise self._first_error[1]
 

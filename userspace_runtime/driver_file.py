@@ -140,7 +140,8 @@ class DriverFile:
         buffer `cmdbuf_handle`, on submit queue `queue` of context `context_id`, with
         the buffers `handles` it uses; returns its fence sequence number. `ncommands`
         (how many commands it holds) only goes into an error's message."""
-        hs = list(handles)
+        # No handles (a stream's empty ordered set): no list; the new struct's count is 0.
+        hs = () if type(handles) is dict and not handles else list(handles)
         if len(hs) > uapi.MAX_SUBMIT_BUFFERS:  # pragma: no cover - the stream splits first
             raise ValueError(f"{len(hs)} buffers in one submission, "
                              f"max {uapi.MAX_SUBMIT_BUFFERS}")
@@ -150,8 +151,8 @@ class DriverFile:
         arg.cmdbuf_handle = cmdbuf_handle
         arg.cmdbuf_offset = cmdbuf_offset
         arg.cmdbuf_size = cmdbuf_size
-        arg.buffer_count = len(hs)
         if hs:
+            arg.buffer_count = len(hs)
             arg.handles[0:len(hs)] = hs
         try:
             self.file.ioctl(uapi.DRM_IOCTL_VA1_SUBMIT, arg)
@@ -185,7 +186,8 @@ class DriverFile:
                 return None
             raise _wrap(e, f"WAIT(context={context_id}, fence={fence_seq}) on {self.path}") \
                 from e
-        return int(arg.status), int(arg.error_offset), int(arg.start_ns), int(arg.end_ns)
+        # cffi reads an integer field as an int: no int() per field.
+        return arg.status, arg.error_offset, arg.start_ns, arg.end_ns
 
     def stats(self) -> dict[str, int]:
         """GET_STATS: the function's counters by field name of struct drm_va1_stats."""

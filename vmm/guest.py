@@ -21,6 +21,10 @@ class MmioFaultHook(Protocol):
     def exit_delay_ns(self, addr: int, size: int) -> int: ...
 
 
+# The value mask of an access of 1, 2, 4 or 8 bytes, by size.
+_MASKS = (0, 0xFF, 0xFFFF, 0, 0xFFFF_FFFF, 0, 0, 0, 0xFFFF_FFFF_FFFF_FFFF)
+
+
 class GuestMmio:
     """Guest loads/stores to MMIO space: a trap into the device, charged an exit,
     unless the region is mapped straight into the guest (passthrough)."""
@@ -29,6 +33,7 @@ class GuestMmio:
 
     def __init__(self, machine: Machine, bus: MmioBus, tracer: SourceTracer, exit_cost_ns: int) -> None:
         self._machine = machine
+        self._sched = machine.sched
         self._bus = bus
         self._claims = bus.claims   # the bus's, emptied in place when its regions change
         self._trace = tracer
@@ -38,9 +43,57 @@ class GuestMmio:
 
     # An access the bus has claimed before (a valid size, wholly inside one region) goes
     # straight to the region's handler: MmioBus.read_in/write_in's work for it, inline.
-    # Any other access takes the bus's own path, which logs it as unclaimed.
+    # Any other access takes the bus's own path, which logs it as unclaimed. The common
+    # case, a claimed trapped access with no fault plan, also charges the exit inline
+    # (Machine.charge) and traces ints it has tested as plain (SourceTracer.emit_plain).
 
     def read(self, addr: int, size: int) -> int:
+        region = self._claims.get((addr, size))
+        if region is None or region.direct or self.fault_hook is not None:
+            return self._read(addr, size)
+        value = region.handler.read(addr - region.base, size) & _MASKS[size]
+        self.exits += 1
+        if type(addr) is int and type(size) is int and type(value) is int:
+            self._trace.emit_plain("mmio_read", {"addr": addr, "size": size, "value": value,
+                                                 "exit": True})
+        else:
+            self._trace.emit("mmio_read", addr=addr, size=size, value=value, exit=True)
+        cost = self.exit_cost_ns
+        if cost > 0:   # Machine.charge inlined
+            sched = self._sched
+            when = sched._now + cost
+            heap = sched._heap
+            if heap and heap[0][0] <= when:
+                sched.run_until_time(when)
+            else:
+                sched._now = when
+        return value
+
+    def write(self, addr: int, size: int, value: int) -> None:
+        region = self._claims.get((addr, size))
+        if region is None or region.direct or self.fault_hook is not None:
+            self._write(addr, size, value)
+            return
+        self.exits += 1
+        if type(addr) is int and type(size) is int and type(value) is int:
+            self._trace.emit_plain("mmio_write", {"addr": addr, "size": size, "value": value,
+                                                  "exit": True})
+        else:
+            self._trace.emit("mmio_write", addr=addr, size=size, value=value, exit=True)
+        region.handler.write(addr - region.base, size, value & _MASKS[size])
+        cost = self.exit_cost_ns
+        if cost > 0:   # Machine.charge inlined
+            sched = self._sched
+            when = sched._now + cost
+            heap = sched._heap
+            if heap and heap[0][0] <= when:
+                sched.run_until_time(when)
+            else:
+                sched._now = when
+
+    def _read(self, addr: int, size: int) -> int:
+        """read() in general: an access claimed now or never, a direct region, a fault
+        plan's exit delay."""
         bus = self._bus
         region = self._claims.get((addr, size)) or bus.claim(addr, size)
         if region is not None:
@@ -60,7 +113,8 @@ class GuestMmio:
                                  else self.exit_cost_ns + hook.exit_delay_ns(addr, size))
         return value
 
-    def write(self, addr: int, size: int, value: int) -> None:
+    def _write(self, addr: int, size: int, value: int) -> None:
+        """write() in general (see _read)."""
         bus = self._bus
         claimed = self._claims.get((addr, size)) or bus.claim(addr, size)
         region = claimed if claimed is not None else bus.find(addr, size)

@@ -59,6 +59,9 @@ class Line(PendingIrq):
         self._hook: LineFaultHook | None = None
         self._sched = chip.machine.sched
         self._label = f"irq{number}"
+        self._tracer = chip.tracer
+        self._pend = chip.machine.pend_irq
+        self._fire_cb = self._fire   # one bound method, not one per arm
 
     @property
     def fault_hook(self) -> LineFaultHook | None:
@@ -79,9 +82,12 @@ class Line(PendingIrq):
         if level == self.level:
             return
         self.level = level
-        self.chip.tracer.emit("irq_line", line=self.number, level=level)
-        if level:
-            self._arm()
+        # Plain by construction: the line's number (from range()) and a bool.
+        self._tracer.emit_plain("irq_line", {"line": self.number, "level": level})
+        if level and not (self.scheduled or self.queued or self.handler is None
+                          or self.disabled):   # _arm inlined
+            self.scheduled = True
+            self._sched.schedule(self.chip.latency_ns, self._fire_cb, self._label)
 
     # device side (device_model.ports.IrqLine): with no fault hook the level the device
     # asks for is the level the controller sees (the hook's setter puts a check first).
@@ -97,13 +103,13 @@ class Line(PendingIrq):
         if self.scheduled or self.queued or self.handler is None or self.disabled:
             return
         self.scheduled = True
-        self._sched.schedule(self.chip.latency_ns, self._fire, self._label)
+        self._sched.schedule(self.chip.latency_ns, self._fire_cb, self._label)
 
     def _fire(self) -> None:
         self.scheduled = False
         if self.level and self.handler is not None and not self.queued:
             self.queued = True
-            self.chip.machine.pend_irq(self)
+            self._pend(self)
 
     # guest side, in guest context
     def deliver(self) -> None:
@@ -111,7 +117,7 @@ class Line(PendingIrq):
         if not self.level or self.handler is None or self.disabled:
             return
         self.delivered += 1
-        self.chip.tracer.emit("irq", line=self.number)
+        self._tracer.emit_plain("irq", {"line": self.number})
         self.handler()
         if self.level:
             self.storm += 1

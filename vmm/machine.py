@@ -189,7 +189,9 @@ class Machine:
         while pending:
             irq = pending.popleft()
             irq.deliver()
-            self._touch(irq.domain)
+            domain = irq.domain
+            if self._declared if domain is None else domain.waiting:   # else a no-op
+                self._touch(domain)
 
     # -- the ready set ---------------------------------------------------------------
     def wait_domain(self, name: str) -> WaitDomain:
@@ -379,49 +381,48 @@ class Machine:
         """Block until cond() holds (True) or the virtual timeout passes (False).
         `domain`: cond reads only state that code of this domain changes (module
         docstring); None: cond may read anything (device registers, memory a device
-        writes, virtual time) and is checked at every pick."""
+        writes, virtual time) and is checked at every pick.
+
+        A task's wait with no deadline that ends at its first check (after the pending
+        interrupts are delivered) never reaches a pick: its ready-set bookkeeping
+        (`_begin_wait`, `_end_wait`) is done only once the wait has to block. A wait with
+        a deadline begins at once: the deadline bounds the horizon devices see."""
         now = self.sched._now
         deadline = None if timeout_ns is None or timeout_ns < 0 else now + int(timeout_ns)
         me = self._current if self._running_tasks else None
         if self._running_tasks and (me is None or threading.get_ident() != me.thread.ident):
             raise SchedulerError("wait_until called outside the running guest task")
-        known = self._known_ready
-        if me is not None:   # the wait begins: me leaves the known ready, is a candidate
-            me.cond, me.deadline, me.what, me.state = cond, deadline, what, TaskState.WAITING
-            me.cond_domain = domain
-            self._serial += 1
-            me.wait_serial = serial = self._serial
-            i = me.index
-            if known.count:
-                known.discard(i)
-            self._candidates.add(i)
-            # What this task did since it last ran (touched before i joins its waiters:
-            # i is already a candidate and not known ready).
+        begun = False
+        if me is not None:
+            # What this task did since it last ran (its own index is not among the
+            # waiters touched, so this comes first either way).
             if self._declared if me.domain is None else me.domain.waiting:
                 self._touch(me.domain)
-            if domain is not None:
-                domain.waiting.add(i)
-                self._declared.add(i)
             if deadline is not None:
-                self._with_deadline += 1
-                heapq.heappush(self._deadlines, (deadline, serial, i))
-                heapq.heappush(self._to_pass, (deadline, serial, i))
-                if max(len(self._deadlines), len(self._to_pass)) > 2 * self._with_deadline + 64:
-                    self._compact_deadlines()
+                self._begin_wait(me, cond, deadline, what, domain)
+                begun = True
         outer_main = self._main_deadline
         if me is None and deadline is not None:
             self._main_deadline = deadline if outer_main is None else min(outer_main, deadline)
         who = me.name if me is not None else "main"
-        self._mtrace.emit("wait", task=who, what=what,
-                          timeout=-1 if deadline is None else deadline - now)
+        timeout = -1 if deadline is None else deadline - now
+        # Exact strs and ints are plain: the tracer need not check them again.
+        plain = type(who) is str and type(what) is str
+        if plain and type(timeout) is int:
+            self._mtrace.emit_plain("wait", {"task": who, "what": what, "timeout": timeout})
+        else:
+            self._mtrace.emit("wait", task=who, what=what, timeout=timeout)
         woke = limited = False
         try:
+            if self._pending_irqs:
+                self._deliver_irqs()
+            if cond():
+                woke = True
+                return True
+            if me is not None and not begun:
+                self._begin_wait(me, cond, deadline, what, domain)
+                begun = True
             while True:
-                if self._pending_irqs:
-                    self._deliver_irqs()
-                if cond():
-                    woke = True
-                    return True
                 if deadline is not None and self.sched._now >= deadline:
                     return False
                 other = self._pick_ready(me)
@@ -435,8 +436,13 @@ class Machine:
                                                    "past the run's virtual-time limit of "
                                                    f"{self.time_limit_ns} ns")
                         raise GuestDeadlock(f"guest task {me.name!r} waits for {what} forever")
-                    continue
-                self._step(what, who, deadline)
+                else:
+                    self._step(what, who, deadline)
+                if self._pending_irqs:
+                    self._deliver_irqs()
+                if cond():
+                    woke = True
+                    return True
         except VirtualTimeLimit:
             limited = True
             raise
@@ -444,20 +450,48 @@ class Machine:
             if limited:
                 self._mtrace.emit("wake", task=who, what=what, ok=woke,
                                   time_limit=self.time_limit_ns)
+            elif plain:
+                self._mtrace.emit_plain("wake", {"task": who, "what": what, "ok": woke})
             else:
                 self._mtrace.emit("wake", task=who, what=what, ok=woke)
-            if me is not None:   # the wait ends
-                i = me.index
-                if known.count:
-                    known.discard(i)
-                if me.cond_domain is not None:
-                    me.cond_domain.waiting.discard(i)
-                    self._declared.discard(i)
-                if me.deadline is not None:
-                    self._with_deadline -= 1
-                me.state, me.cond, me.deadline, me.cond_domain = (TaskState.RUNNING, None, None,
-                                                                  None)
+            if begun:
+                assert me is not None
+                self._end_wait(me)
             self._main_deadline = outer_main
+
+    def _begin_wait(self, me: GuestTask, cond: Callable[[], bool], deadline: int | None,
+                    what: str, domain: WaitDomain | None) -> None:
+        """The wait of `me` begins: it leaves the known ready, is a candidate, joins its
+        domain's waiters and the deadline heaps."""
+        me.cond, me.deadline, me.what, me.state = cond, deadline, what, TaskState.WAITING
+        me.cond_domain = domain
+        self._serial += 1
+        me.wait_serial = serial = self._serial
+        i = me.index
+        if self._known_ready.count:
+            self._known_ready.discard(i)
+        self._candidates.add(i)
+        if domain is not None:
+            domain.waiting.add(i)
+            self._declared.add(i)
+        if deadline is not None:
+            self._with_deadline += 1
+            heapq.heappush(self._deadlines, (deadline, serial, i))
+            heapq.heappush(self._to_pass, (deadline, serial, i))
+            if max(len(self._deadlines), len(self._to_pass)) > 2 * self._with_deadline + 64:
+                self._compact_deadlines()
+
+    def _end_wait(self, me: GuestTask) -> None:
+        """The wait of `me` (begun) ends: it is running again."""
+        i = me.index
+        if self._known_ready.count:
+            self._known_ready.discard(i)
+        if me.cond_domain is not None:
+            me.cond_domain.waiting.discard(i)
+            self._declared.discard(i)
+        if me.deadline is not None:
+            self._with_deadline -= 1
+        me.state, me.cond, me.deadline, me.cond_domain = TaskState.RUNNING, None, None, None
 
     def sleep(self, ns: int) -> None:
         self.wait_until(lambda: False, max(0, int(ns)), "sleep", self._sleeping)

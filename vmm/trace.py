@@ -97,9 +97,12 @@ class Trace:
         self._keep = keep
         self.events: list[TraceEvent] = []
         self._watchers: list[Callable[[TraceEvent], None]] = []
-        # Whether an event must also become a TraceEvent (kept or watched): one test
-        # on the hot path instead of two.
+        # Whether an event must also become a TraceEvent (kept or watched).
         self._observed = keep
+        # A source tracer calls _appended once its pending list reaches this length: at
+        # a full batch, or at every event while observed (one test on the hot path for
+        # both).
+        self._limit = 0 if keep else _BATCH
 
     @property
     def keep(self) -> bool:
@@ -109,6 +112,7 @@ class Trace:
     def keep(self, value: bool) -> None:
         self._keep = value
         self._observed = value or bool(self._watchers)
+        self._limit = 0 if self._observed else _BATCH
 
     @property
     def count(self) -> int:
@@ -118,6 +122,7 @@ class Trace:
     def watch(self, fn: Callable[[TraceEvent], None]) -> None:
         self._watchers.append(fn)
         self._observed = True
+        self._limit = 0
 
     def _observe(self, event: TraceEvent) -> None:
         if self._keep:
@@ -133,6 +138,16 @@ class Trace:
         fields = dict(fields)  # a snapshot: the caller may reuse its dict
         pending = self._pending
         pending.append((t, source, kind, fields))
+        if len(pending) >= _BATCH:
+            self._flush()
+        if self._observed:
+            self._observe(TraceEvent(t, source, kind, tuple(fields.items())))
+
+    def _appended(self) -> None:
+        """A source tracer's entry made its pending list reach `_limit`: hash a full
+        batch, then show the event to the observers."""
+        pending = self._pending
+        t, source, kind, fields = pending[-1]
         if len(pending) >= _BATCH:
             self._flush()
         if self._observed:
@@ -168,33 +183,41 @@ class SourceTracer:
     def emit(self, kind: str, **fields: object) -> None:
         # Trace.emit inlined (the hot path of every layer); the pending entry holds the
         # kwargs dict itself (fresh per call, never mutated): it pickles in order.
-        t = self._sched._now
         for value in fields.values():
             if type(value) not in _PLAIN_SET:
                 _check(value)
         pending = self._pending
-        pending.append((t, self.source, kind, fields))
-        if len(pending) >= _BATCH:
-            self._trace._flush()
-        if self._trace._observed:
-            self._trace._observe(TraceEvent(t, self.source, kind, tuple(fields.items())))
+        pending.append((self._sched._now, self.source, kind, fields))
+        if len(pending) >= self._trace._limit:
+            self._trace._appended()
+
+    def emit_plain(self, kind: str, fields: dict[str, object]) -> None:
+        """emit(kind, **fields) for an emitter whose field values are plain by
+        construction: values it made itself (a bool, an int it numbered), or whose
+        exact type (int, str, bool) it has just tested; anything else must go through
+        emit(), which checks every value. `fields` is kept: a fresh dict per call, in
+        field order."""
+        pending = self._pending
+        pending.append((self._sched._now, self.source, kind, fields))
+        if len(pending) >= self._trace._limit:
+            self._trace._appended()
 
     def emit_each(self, kind: str, names: tuple[str, ...], rows: list[tuple]) -> None:  # type: ignore[type-arg]
         """One event per row (fields `names` = the row's values), all at the current
         time, in order: the same events as emit() in a loop, for a fraction of the cost
         (device_model.ports.Tracer's optional batch form). Their canonical entry is
         one (t, source, kind, names, rows) for the whole call: every row is in it."""
-        tr = self._trace
-        t = self._sched._now
-        if not set(map(type, chain.from_iterable(rows))) <= _PLAIN_SET:
+        if not _PLAIN_SET.issuperset(map(type, chain.from_iterable(rows))):
             for row in rows:
                 for value in row:
                     _check(value)
-        source = self.source
-        tr._pending.append((t, source, kind, names, tuple(rows)))
+        tr = self._trace
+        t = self._sched._now
+        pending = self._pending
+        pending.append((t, self.source, kind, names, tuple(rows)))
         tr._extra += len(rows) - 1
-        if len(tr._pending) + tr._extra >= _BATCH:
+        if len(pending) + tr._extra >= _BATCH:
             tr._flush()
         if tr._observed:
             for row in rows:
-                tr._observe(TraceEvent(t, source, kind, tuple(zip(names, row))))
+                tr._observe(TraceEvent(t, self.source, kind, tuple(zip(names, row))))

@@ -52,7 +52,10 @@ def test_wait_not_signalled_is_none(fake_os: Any) -> None:
     r = drv.wait(ctx, fence, -1)
     assert r is not None
     # wait_fields is wait's answer as a plain tuple, in WaitResult's field order.
-    assert drv.wait_fields(ctx, fence, -1) == (r.status, r.error_offset, r.start_ns, r.end_ns)
+    t = drv.wait_fields(ctx, fence, -1)
+    assert t == (r.status, r.error_offset, r.start_ns, r.end_ns)
+    assert t is not None and [type(v) for v in t] == [int] * 4   # ints, as cffi reads them
+    assert type(fence) is int
 
 
 def _nop() -> bytes:

@@ -344,3 +344,119 @@ def test_line_fault_hook_sees_every_level_while_installed() -> None:
     line.fault_hook = None
     line.set_level(True)
     assert line.level and asked == [False] and line.fault_hook is None
+
+
+# --- round 5: emit_plain, the MMIO exit's fast path, the interrupt line ---------------
+
+def test_emit_plain_hashes_keeps_and_batches_like_emit() -> None:
+    """emit_plain makes the entry emit makes: the same digest, kept and watched events,
+    count, across a full batch, with keep and watchers switched on late."""
+    def run(plain: bool) -> tuple[str, int, list[object], list[object]]:
+        tr = Trace(lambda: 9)
+        src = tr.tracer("s")
+        seen: list[object] = []
+        for i in range(5000):
+            if i == 4100:
+                tr.watch(seen.append)
+            if i == 4990:
+                tr.keep = True
+            if plain:
+                src.emit_plain("e", {"i": i, "b": i % 2 == 0, "s": "x"})
+            else:
+                src.emit("e", i=i, b=i % 2 == 0, s="x")
+        return tr.digest(), tr.count, tr.events, seen
+    fast, slow = run(True), run(False)
+    assert fast == slow and fast[1] == 5000 and len(fast[2]) == 10 and len(fast[3]) == 900
+
+
+def _mmio_trace(mmio: GuestMmio, m: Machine, accesses: list[tuple[object, ...]]) -> list[object]:
+    for acc in accesses:
+        if len(acc) == 2:
+            mmio.read(acc[0], acc[1])  # type: ignore[arg-type]
+        else:
+            mmio.write(acc[0], acc[1], acc[2])  # type: ignore[arg-type]
+    return [(e.t_ns, e.kind, e.fields) for e in m.trace.events if e.kind.startswith("mmio")]
+
+
+def test_guest_mmio_fast_and_general_paths_agree() -> None:
+    """A claimed trapped access (the fast path) and the same access through the general
+    path (_read/_write) make the same handler calls, events, times and charges, with an
+    event due during the exit run at its time."""
+    accesses: list[tuple[object, ...]] = [(0x1008, 2), (0x1004, 1, 0x1ff), (0x1008, 2),
+                                         (0x1004, 1, 0x1ff), (0x1010, 8), (0x1010, 8, 3)]
+    results = []
+    for general in (False, True):
+        m, bus, mmio, regs = _mmio()
+        if general:
+            mmio.read, mmio.write = mmio._read, mmio._write  # type: ignore[method-assign]
+        ran: list[int] = []
+        m.sched.schedule(150, lambda: ran.append(m.now_ns()), "due")
+        events = _mmio_trace(mmio, m, accesses)
+        results.append((events, regs.log, ran, m.now_ns(), mmio.exits, m.trace.digest()))
+    assert results[0] == results[1]
+    assert results[0][2] == [150] and results[0][3] == 600
+
+
+def test_guest_mmio_fast_path_falls_back_for_unplain_values_and_hooks() -> None:
+    """Values not of exact type int go through emit (which checks them); a numpy int is
+    traced as the general path traces it; an object is refused with the same error."""
+    m, bus, mmio, regs = _mmio()
+    mmio.write(0x1000, 4, 1)                       # claimed
+    mmio.write(0x1000, 4, np.uint32(5))            # claimed, value not an exact int
+    ev = [e for e in m.trace.events if e.kind == "mmio_write"]
+    assert type(ev[1].get("value")) is np.uint32 and regs.log[-1] == ("w", 0, 4, 5)
+    ref, rbus, rmmio, _ = _mmio()
+    rmmio._write(0x1000, 4, 1)
+    rmmio._write(0x1000, 4, np.uint32(5))
+    assert ref.trace.digest() == m.trace.digest()
+
+    class Weird(int):
+        pass
+    with pytest.raises(TypeError, match="not deterministic"):
+        mmio.write(0x1000, 4, object())  # type: ignore[arg-type]
+    mmio.write(0x1000, 4, Weird(2))                # an int subclass: checked, allowed
+    assert regs.log[-1] == ("w", 0, 4, 2)
+
+
+def test_guest_mmio_exit_cost_zero_does_not_move_the_clock() -> None:
+    m, bus, mmio, _ = _mmio(exit_cost=0)
+    mmio.write(0x1000, 4, 1)
+    mmio.write(0x1000, 4, 1)
+    assert mmio.read(0x1000, 4) == 0x55667788
+    assert m.now_ns() == 0 and mmio.exits == 3
+
+
+def test_line_inline_arm_matches_arm() -> None:
+    """apply_level arms the line as _arm does: once while scheduled or queued, never
+    without a handler or when disabled; the irq_line events are the same as emit's."""
+    m = Machine(0, keep_trace=True)
+    chip = InterruptController(m, "vm0.irq", latency_ns=10)
+    hits: list[int] = []
+    chip.request_irq(2, lambda: hits.append(m.now_ns()), "t")
+    line = chip.line(2)
+    line.set_level(True)
+    line.set_level(False)
+    line.set_level(True)            # still scheduled: not armed twice
+    assert len([t for t in m.sched._heap if t[2] is not None]) == 1
+    chip.line(4).set_level(True)    # no handler: not armed
+    assert len([t for t in m.sched._heap if t[2] is not None]) == 1
+    ref = Trace(lambda: 0)
+    for n, lv in ((2, True), (2, False), (2, True), (4, True)):
+        ref.tracer("vm0.irq").emit("irq_line", line=n, level=lv)
+    assert [(e.kind, e.fields) for e in m.trace.events if e.kind == "irq_line"] == \
+        [("irq_line", (("line", n), ("level", lv)))
+         for n, lv in ((2, True), (2, False), (2, True), (4, True))]
+
+
+def test_wait_events_fall_back_to_emit_for_unplain_names() -> None:
+    """A wait whose task name or reason is not an exact str is traced through emit
+    (which checks it): a str subclass is allowed, an object refused at the wait."""
+    class Name(str):
+        pass
+    m = Machine(0, keep_trace=True)
+    assert m.wait_until(lambda: True, None, Name("w"))
+    assert [(e.kind, e.get("what")) for e in m.trace.events[-2:]] == [("wait", "w"),
+                                                                       ("wake", "w")]
+    assert type(m.trace.events[-1].get("what")) is Name   # kept as given, not copied
+    with pytest.raises(TypeError, match="not deterministic"):
+        m.wait_until(lambda: True, None, object())  # type: ignore[arg-type]
