@@ -23,6 +23,7 @@ __all__ = ["QueueFull", "RingError", "RingLayout", "SplitQueue", "vring_need_eve
 T = TypeVar("T")
 
 _DESC = struct.Struct(V.DESC.format)
+_DESC2 = struct.Struct("<" + 2 * V.DESC.format.lstrip("<"))   # two descriptors in a row
 _DSIZE = V.DESC.size
 _USED_ELEM = struct.Struct(V.USED_ELEM.format)
 _U16 = struct.Struct("<H")
@@ -79,6 +80,9 @@ class SplitQueue(Generic[T]):
         # The whole ring allocation as one memoryview, bounds-checked once here: every
         # field access is then a struct pack_into/unpack_from at a fixed offset.
         self._ring = memory.view(self.base, self.layout.total).data.cast("B")
+        # where the device publishes used.idx (DriverRing.used_view)
+        self.used_view: memoryview | None = self._ring
+        self.used_off = self.layout.used_idx
         self.broken: str | None = None
         self._free: list[int] = []
         self._ring_order: deque[int] = deque()   # IN_ORDER: free descriptors, ring order
@@ -165,11 +169,30 @@ class SplitQueue(Generic[T]):
         ring = self._ring
         lay = self.layout
         pack = _DESC.pack_into
-        # one pass over the segments, readable then writable; each descriptor links to
-        # the next one of the chain (NEXT), the last to none
-        if indirect:
+        pair = nsegs == 2 and len(writable) == 1
+        if pair:
+            # the usual chain, one readable and one writable segment, written in one go
+            (raddr, rlen), = readable
+            (waddr, wcap), = writable
+            take = self._take
+            head = take()
+            if indirect:
+                toff = lay.indirect + head * lay.indirect_stride
+                _DESC2.pack_into(ring, toff, raddr, rlen, V.DESC_F_NEXT, 1,
+                                 waddr, wcap, V.DESC_F_WRITE, 0)
+                pack(ring, lay.desc + head * _DSIZE, self.base + toff, 2 * _DSIZE,
+                     V.DESC_F_INDIRECT, 0)
+                chain: tuple[int, ...] = (head,)
+            else:
+                nxt = take()
+                pack(ring, lay.desc + head * _DSIZE, raddr, rlen, V.DESC_F_NEXT, nxt)
+                pack(ring, lay.desc + nxt * _DSIZE, waddr, wcap, V.DESC_F_WRITE, 0)
+                chain = (head, nxt) if self.in_order else (nxt, head)   # _give_back order
+        # else one pass over the segments, readable then writable; each descriptor
+        # links to the next one of the chain (NEXT), the last to none
+        elif indirect:
             head = self._take()
-            chain: tuple[int, ...] = (head,)
+            chain = (head,)
             toff = lay.indirect + head * lay.indirect_stride
             i = 0
             for segs, wflag in ((readable, 0), (writable, V.DESC_F_WRITE)):
@@ -196,9 +219,10 @@ class SplitQueue(Generic[T]):
                              wflag | V.DESC_F_NEXT, ids[i])
                     else:
                         pack(ring, lay.desc + ids[i - 1] * _DSIZE, addr, length, wflag, 0)
-        wcap = 0
-        for _, n in writable:
-            wcap += n
+        if not pair:
+            wcap = 0
+            for _, n in writable:
+                wcap += n
         self._tokens[head] = token
         self._chains[head] = chain
         self._wcap[head] = wcap
@@ -219,7 +243,8 @@ class SplitQueue(Generic[T]):
             return False
         if self.event_idx:
             (event,) = _U16.unpack_from(self._ring, self.layout.avail_event)
-            return vring_need_event(event, new, old)
+            # vring_need_event(event, new, old)
+            return ((new - event - 1) & 0xFFFF) < ((new - old) & 0xFFFF)
         (flags,) = _U16.unpack_from(self._ring, self.layout.used)
         return not flags & V.USED_F_NO_NOTIFY
 
@@ -255,42 +280,49 @@ class SplitQueue(Generic[T]):
             return out
         ring = self._ring
         used_ring, esize = self.layout.used_ring, V.USED_ELEM.size
+        num, tokens, chains, wcaps = self.num, self._tokens, self._chains, self._wcap
         while pending:
-            slot = self.last_used % self.num
-            uid, ulen = _USED_ELEM.unpack_from(ring, used_ring + esize * slot)
-            if uid >= self.num:
-                self.broken = f"used id {uid} out of range (queue size {self.num})"
+            last = self.last_used
+            uid, ulen = _USED_ELEM.unpack_from(ring, used_ring + esize * (last % num))
+            if uid >= num:
+                self.broken = f"used id {uid} out of range (queue size {num})"
                 return out
-            token = self._tokens[uid]
+            token = tokens[uid]
             if token is None:
                 self.broken = f"used id {uid} is not the head of a request in flight"
                 return out
-            if ulen > self._wcap[uid]:
+            if ulen > wcaps[uid]:
                 self.broken = (f"used len {ulen} for id {uid} exceeds its writable capacity "
-                               f"{self._wcap[uid]}")
+                               f"{wcaps[uid]}")
                 return out
-            batch = [uid]
-            if self.in_order:
-                # one element may stand for a batch ending at uid (virtio 1.x §2.7.9)
-                if uid not in self._heads:
-                    self.broken = f"used id {uid} is not in the in-order list"
-                    return out
-                n = self._heads.index(uid) + 1
-                if n > pending:
-                    self.broken = (f"used id {uid} ends a batch of {n} but used.idx moved "
-                                   f"only {pending}")
-                    return out
-                batch = [self._heads.popleft() for _ in range(n)]
-            for h in batch:
-                tok = self._tokens[h]
-                assert tok is not None
-                self._tokens[h] = None
-                self._give_back(self._chains[h])
-                self._chains[h] = ()
+            if not self.in_order:   # one element, one request
+                tokens[uid] = None
+                self._give_back(chains[uid])
+                chains[uid] = ()
                 self.in_flight -= 1
-                out.append((tok, ulen if h == uid else self._wcap[h]))
-            self.last_used = (self.last_used + len(batch)) & 0xFFFF
-            pending -= len(batch)
+                out.append((token, ulen))
+                self.last_used = (last + 1) & 0xFFFF
+                pending -= 1
+                continue
+            # one element may stand for a batch ending at uid (virtio 1.x §2.7.9)
+            if uid not in self._heads:
+                self.broken = f"used id {uid} is not in the in-order list"
+                return out
+            n = self._heads.index(uid) + 1
+            if n > pending:
+                self.broken = (f"used id {uid} ends a batch of {n} but used.idx moved "
+                               f"only {pending}")
+                return out
+            for h in [self._heads.popleft() for _ in range(n)]:
+                tok = tokens[h]
+                assert tok is not None
+                tokens[h] = None
+                self._give_back(chains[h])
+                chains[h] = ()
+                self.in_flight -= 1
+                out.append((tok, ulen if h == uid else wcaps[h]))
+            self.last_used = (last + n) & 0xFFFF
+            pending -= n
         return out
 
     def enable_interrupts(self) -> bool:
