@@ -445,11 +445,12 @@ class VA1File:
         if not self.dev.wait_fence(fence, None if timeout < 0 else timeout):
             raise _err(errno.ETIME, f"WAIT: fence {seq} of context {ctx.uid} not signalled "
                                     f"within {timeout} ns")
-        a.status = fence.status
+        a.status = status = fence.status
         a.error_offset = fence.error_offset
         a.start_ns = fence.start_ns
         a.end_ns = fence.end_ns
-        ctx.timeline.release(fence)
+        if status == A.Status.OK:   # timeline.release(fence): signalled (waited for), OK
+            ctx.timeline.fences.pop(seq, None)
 
     def _get_stats(self, a: Any) -> None:
         stats = self.dev.get_stats()

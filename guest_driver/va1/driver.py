@@ -226,6 +226,8 @@ class VA1Device:
         self.poll_wait = params.poll_wait
         self.watchdog_ns = watchdog_ns
         self._start_timer = getattr(kernel.sched, "start_timer", None)
+        self._watchdog_what = f"{name} watchdog"   # the timer's label
+        self._fence_what = f"{name} fence"         # a fence wait's
         self._timer: KernelTimer | None = None
         self._outstanding = 0
         self._reaped = 0
@@ -662,7 +664,7 @@ class VA1Device:
         q.outstanding += 1
         self._outstanding += 1
         if self._timer is None and self._start_timer is not None:
-            self._timer = self._start_timer(self.poll_ns, self._tick, f"{self.name} watchdog")
+            self._timer = self._start_timer(self.poll_ns, self._tick, self._watchdog_what)
 
     def _cancel_timer(self) -> None:
         if self._timer is not None:
@@ -699,7 +701,7 @@ class VA1Device:
     def _rearm(self) -> None:
         if (self._timer is None and self._outstanding and self._start_timer is not None
                 and not self.dead):
-            self._timer = self._start_timer(self.poll_ns, self._tick, f"{self.name} watchdog")
+            self._timer = self._start_timer(self.poll_ns, self._tick, self._watchdog_what)
 
     def _check_lost_interrupts(self) -> None:
         """Used buffers unreaped for a whole period mean a lost interrupt (an interrupt
@@ -1233,14 +1235,14 @@ class VA1Device:
         # fields in SUBMIT_REQ order: context_id, flags, cmdbuf_addr, cmdbuf_len,
         # reserved, fence_seq
         _SUBMIT_REQ.pack_into(q.slots, off, ctx.device_id, 0, iova, length, 0, fence.seq)
-        ring.add(((base, req),), ((base + req, resp),), _Submission(slot, ctx, fence))
+        ring.add_pair(base, req, base + req, resp, _Submission(slot, ctx, fence))
         # _busy(q)
         if q.outstanding == 0:
             q.progress_ns = self.kernel.sched.now_ns()
         q.outstanding += 1
         self._outstanding += 1
         if self._timer is None and self._start_timer is not None:
-            self._timer = self._start_timer(self.poll_ns, self._tick, f"{self.name} watchdog")
+            self._timer = self._start_timer(self.poll_ns, self._tick, self._watchdog_what)
         if self.poll_wait:   # _polled(q): interrupts off before the device sees it
             ring.disable_interrupts()
         if ring.kick_prepare():   # _kick(q)
@@ -1269,8 +1271,11 @@ class VA1Device:
         if self.poll_wait and self.ready and not self.dead:
             return self._poll_fence(fence, timeout_ns)
         # timeout 0 still goes through wait_until: pending interrupts are delivered there
-        return self._wait(fence, timeout_ns, "fence", False, context=fence.context,
-                          fence=fence.seq)
+        # (_wait(fence, timeout_ns, "fence", False, ...), inline)
+        self.kernel.trace.emit("wait", dev=self.name, what="fence",
+                               timeout_ns=-1 if timeout_ns is None else timeout_ns,
+                               context=fence.context, fence=fence.seq)
+        return self.kernel.sched.wait_until(fence, timeout_ns, self._fence_what)
 
     def _poll_fence(self, fence: Fence, timeout_ns: int | None) -> bool:
         """`va1.poll_wait=1`: the wait reaps the fence's submit queue (whose interrupts

@@ -167,6 +167,10 @@ class PackedQueue(Generic[T]):
             self._order.append(bid)
         return bid
 
+    def add_pair(self, raddr: int, rlen: int, waddr: int, wlen: int, token: T) -> int:
+        """`add` of one readable and one writable segment (DriverRing)."""
+        return self.add(((raddr, rlen),), ((waddr, wlen),), token)
+
     def kick_prepare(self) -> bool:
         """Whether the device must be notified of what was added since the last call."""
         new, old = self._linear(self._slot, self._wrap), self._kicked

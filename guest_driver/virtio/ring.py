@@ -71,6 +71,11 @@ class DriverRing(Protocol[T]):
         QueueFull, RingError (broken) or ValueError (a request that can never fit)."""
         ...
 
+    def add_pair(self, raddr: int, rlen: int, waddr: int, wlen: int, token: T) -> int:
+        """`add` of the usual request, one readable and one writable segment, without
+        the sequences (a layout may write it in one go); raises as `add` does."""
+        ...
+
     def kick_prepare(self) -> bool:
         """Whether the device must be notified of what was added since the last call."""
         ...

@@ -75,6 +75,8 @@ class SplitQueue(Generic[T]):
                          | (1 << V.F_NOTIFICATION_DATA if notification_data else 0))
         self.max_indirect = max_indirect if indirect else 0
         self.layout = RingLayout(num, self.max_indirect)
+        # descriptors `add_pair` takes: 1 with an indirect table of two, else 2
+        self._pair_need = 1 if self.max_indirect >= 2 else 2
         self._alloc = alloc
         self.base = alloc.alloc(self.layout.total, 4096)
         # The whole ring allocation as one memoryview, bounds-checked once here: every
@@ -169,30 +171,11 @@ class SplitQueue(Generic[T]):
         ring = self._ring
         lay = self.layout
         pack = _DESC.pack_into
-        pair = nsegs == 2 and len(writable) == 1
-        if pair:
-            # the usual chain, one readable and one writable segment, written in one go
-            (raddr, rlen), = readable
-            (waddr, wcap), = writable
-            take = self._take
-            head = take()
-            if indirect:
-                toff = lay.indirect + head * lay.indirect_stride
-                _DESC2.pack_into(ring, toff, raddr, rlen, V.DESC_F_NEXT, 1,
-                                 waddr, wcap, V.DESC_F_WRITE, 0)
-                pack(ring, lay.desc + head * _DSIZE, self.base + toff, 2 * _DSIZE,
-                     V.DESC_F_INDIRECT, 0)
-                chain: tuple[int, ...] = (head,)
-            else:
-                nxt = take()
-                pack(ring, lay.desc + head * _DSIZE, raddr, rlen, V.DESC_F_NEXT, nxt)
-                pack(ring, lay.desc + nxt * _DSIZE, waddr, wcap, V.DESC_F_WRITE, 0)
-                chain = (head, nxt) if self.in_order else (nxt, head)   # _give_back order
-        # else one pass over the segments, readable then writable; each descriptor
-        # links to the next one of the chain (NEXT), the last to none
-        elif indirect:
+        # one pass over the segments, readable then writable; each descriptor links to
+        # the next one of the chain (NEXT), the last to none
+        if indirect:
             head = self._take()
-            chain = (head,)
+            chain: tuple[int, ...] = (head,)
             toff = lay.indirect + head * lay.indirect_stride
             i = 0
             for segs, wflag in ((readable, 0), (writable, V.DESC_F_WRITE)):
@@ -219,10 +202,9 @@ class SplitQueue(Generic[T]):
                              wflag | V.DESC_F_NEXT, ids[i])
                     else:
                         pack(ring, lay.desc + ids[i - 1] * _DSIZE, addr, length, wflag, 0)
-        if not pair:
-            wcap = 0
-            for _, n in writable:
-                wcap += n
+        wcap = 0
+        for _, n in writable:
+            wcap += n
         self._tokens[head] = token
         self._chains[head] = chain
         self._wcap[head] = wcap
@@ -233,6 +215,39 @@ class SplitQueue(Generic[T]):
         _U16.pack_into(ring, lay.avail_ring + V.AVAIL_ELEM * slot, head)
         self.avail_idx = (self.avail_idx + 1) & 0xFFFF
         _U16.pack_into(ring, lay.avail_idx, self.avail_idx)
+        return head
+
+    def add_pair(self, raddr: int, rlen: int, waddr: int, wlen: int, token: T) -> int:
+        """`add(((raddr, rlen),), ((waddr, wlen),), token)`, the usual request, written in
+        one go: an indirect table of two when the ring has them, else two descriptors.
+        A broken ring or too few free descriptors go to `add`, which raises."""
+        if self.broken or len(self._free_descs) < self._pair_need:
+            return self.add(((raddr, rlen),), ((waddr, wlen),), token)
+        ring = self._ring
+        lay = self.layout
+        take = self._take
+        head = take()
+        if self._pair_need == 1:   # indirect
+            toff = lay.indirect + head * lay.indirect_stride
+            _DESC2.pack_into(ring, toff, raddr, rlen, V.DESC_F_NEXT, 1,
+                             waddr, wlen, V.DESC_F_WRITE, 0)
+            _DESC.pack_into(ring, lay.desc + head * _DSIZE, self.base + toff, 2 * _DSIZE,
+                            V.DESC_F_INDIRECT, 0)
+            self._chains[head] = (head,)
+        else:
+            nxt = take()
+            _DESC.pack_into(ring, lay.desc + head * _DSIZE, raddr, rlen, V.DESC_F_NEXT, nxt)
+            _DESC.pack_into(ring, lay.desc + nxt * _DSIZE, waddr, wlen, V.DESC_F_WRITE, 0)
+            self._chains[head] = (head, nxt) if self.in_order else (nxt, head)
+        self._tokens[head] = token
+        self._wcap[head] = wlen
+        self.in_flight += 1
+        if self.in_order:
+            self._heads.append(head)
+        avail_idx = self.avail_idx
+        _U16.pack_into(ring, lay.avail_ring + V.AVAIL_ELEM * (avail_idx % self.num), head)
+        self.avail_idx = avail_idx = (avail_idx + 1) & 0xFFFF
+        _U16.pack_into(ring, lay.avail_idx, avail_idx)
         return head
 
     def kick_prepare(self) -> bool:
