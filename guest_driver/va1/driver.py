@@ -571,9 +571,7 @@ class VA1Device:
                 self._reaped += len(done)
                 self.kernel.trace.emit("reap", dev=self.name, queue=q.index,
                                        count=len(done))   # _trace
-            for token, ulen in done:
-                self._complete(q, token, ulen)
-                if self.generation != gen:
+                if not self._complete(q, done, gen):
                     return
             if q.ring.broken:
                 self._trace("ring_error", queue=q.index, error=q.ring.broken)
@@ -588,20 +586,22 @@ class VA1Device:
         if q.index == A.EVENTQ:
             self._kick(q)
 
-    def _complete(self, q: _Queue, token: _Token, ulen: int) -> None:
-        mem = self.kernel.memory
-        if not isinstance(token, _EventBuf):
-            # a request of q completed: the recovery timer's bookkeeping
-            if q.outstanding > 0:
-                q.outstanding -= 1
-                self._outstanding -= 1
-            if q.outstanding:   # progress of an idle queue is never looked at
-                q.progress_ns = self.kernel.sched.now_ns()
-            if self._outstanding == 0 and self._timer is not None:   # _cancel_timer()
-                self._timer.cancel()
-                self._timer = None
+    def _complete(self, q: _Queue, done: list[tuple[_Token, int]], gen: int) -> bool:
+        """Complete the requests reaped from q, in order; False when one of them reset
+        the device (generation `gen` is gone: the rest were aborted with it)."""
+        for token, ulen in done:
+            if not isinstance(token, _EventBuf):
+                # a request of q completed: the recovery timer's bookkeeping
+                if q.outstanding > 0:
+                    q.outstanding -= 1
+                    self._outstanding -= 1
+                if q.outstanding:   # progress of an idle queue is never looked at
+                    q.progress_ns = self.kernel.sched.now_ns()
+                if self._outstanding == 0 and self._timer is not None:   # _cancel_timer()
+                    self._timer.cancel()
+                    self._timer = None
             if isinstance(token, _Submission):
-                # the submission's response, read through the slots' view, then its fence
+                # the response, read through the slots' view, then the fence
                 q.free_slots.append(token.slot)
                 off = token.slot * q.slot_size + A.SUBMIT_REQ.size   # slot_addr
                 tl = token.ctx.timeline
@@ -613,31 +613,35 @@ class VA1Device:
                         tl.signal(fence, A.Status.ABORTED)
                         self.recover(f"queue {q.index}: response fence_seq {fence_seq} for "
                                      f"a request with fence_seq {fence.seq}")
-                        return
-                    if status in FAULT_STATUSES and not token.ctx.faulted:
-                        token.ctx.faulted = True
-                        token.ctx.fault_status = status
-                    tl.signal(fence, status, error_offset, start_ns, end_ns)
+                    else:
+                        if status in FAULT_STATUSES and not token.ctx.faulted:
+                            token.ctx.faulted = True
+                            token.ctx.fault_status = status
+                        tl.signal(fence, status, error_offset, start_ns, end_ns)
                 else:
                     status = (_U32_AT(q.slots, off)[0] if ulen >= 4
                               else int(A.Status.BAD_REQUEST))
                     tl.signal(fence, status)
-                return
-        base = q.slot_base + token.slot * q.slot_size   # slot_addr
-        if isinstance(token, _CtrlRequest):
-            resp = mem.read(base + CTRL_REQ_MAX, ulen) if ulen else b""
-            q.free_slots.append(token.slot)
-            token.status = (struct.unpack_from("<I", resp)[0] if ulen >= 4
-                            else int(A.Status.BAD_REQUEST))
-            token.resp = resp
-            token.done = True
-        else:
-            if ulen >= A.EVENT.size:
-                self._handle_event(_unpack(A.EVENT, mem.read(base, A.EVENT.size)))
+            elif isinstance(token, _CtrlRequest):
+                base = q.slot_base + token.slot * q.slot_size   # slot_addr
+                resp = self.kernel.memory.read(base + CTRL_REQ_MAX, ulen) if ulen else b""
+                q.free_slots.append(token.slot)
+                token.status = (struct.unpack_from("<I", resp)[0] if ulen >= 4
+                                else int(A.Status.BAD_REQUEST))
+                token.resp = resp
+                token.done = True
             else:
-                self._trace("event_short", len=ulen)
-            q.free_slots.append(token.slot)
-            self._post_event_buffer(q)
+                if ulen >= A.EVENT.size:
+                    base = q.slot_base + token.slot * q.slot_size   # slot_addr
+                    self._handle_event(_unpack(A.EVENT, self.kernel.memory.read(
+                        base, A.EVENT.size)))
+                else:
+                    self._trace("event_short", len=ulen)
+                q.free_slots.append(token.slot)
+                self._post_event_buffer(q)
+            if self.generation != gen:
+                return False
+        return True
 
     def _handle_event(self, ev: dict[str, int]) -> None:
         if ev["type"] != A.EventType.CONTEXT_FAULT:
