@@ -257,9 +257,8 @@ class SplitQueue(Generic[T]):
         if new == old:
             return False
         if self.event_idx:
-            (event,) = _U16.unpack_from(self._ring, self.layout.avail_event)
-            # vring_need_event(event, new, old)
-            return ((new - event - 1) & 0xFFFF) < ((new - old) & 0xFFFF)
+            event: int = _U16.unpack_from(self._ring, self.layout.avail_event)[0]
+            return ((new - event - 1) & 0xFFFF) < ((new - old) & 0xFFFF)   # vring_need_event
         (flags,) = _U16.unpack_from(self._ring, self.layout.used)
         return not flags & V.USED_F_NO_NOTIFY
 
