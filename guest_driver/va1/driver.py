@@ -1229,17 +1229,18 @@ class VA1Device:
         if not (q.free_slots and ring.num_free >= q.descs):
             self._wait_for_space(q, self.generation, "submit_space")
             self.check_submit(ctx)
-        fence = ctx.timeline.next(queue)
-        if on_done is not None:
-            fence.callbacks.append(on_done)   # add_callback: a new fence is unsignalled
+        tl = ctx.timeline   # fence = tl.next(queue), with on_done as its callback
+        tl.last_seq = seq = tl.last_seq + 1
+        fence = Fence(tl.context, seq, queue, callbacks=[] if on_done is None else [on_done])
+        tl.fences[seq] = fence
         slot = q.free_slots.pop()
         off = slot * q.slot_size
         base = q.slot_base + off
         req, resp = _SUBMIT_REQ_SEGS
         # fields in SUBMIT_REQ order: context_id, flags, cmdbuf_addr, cmdbuf_len,
         # reserved, fence_seq
-        _SUBMIT_REQ.pack_into(q.slots, off, ctx.device_id, 0, iova, length, 0, fence.seq)
-        ring.add_pair(base, req, base + req, resp, _Submission(slot, ctx, fence))
+        _SUBMIT_REQ.pack_into(q.slots, off, ctx.device_id, 0, iova, length, 0, seq)
+        kick = ring.add_pair(base, req, base + req, resp, _Submission(slot, ctx, fence))
         # _busy(q)
         if q.outstanding == 0:
             q.progress_ns = self.kernel.sched.now_ns()
@@ -1249,7 +1250,7 @@ class VA1Device:
             self._timer = self._start_timer(self.poll_ns, self._tick, self._watchdog_what)
         if self.poll_wait:   # _polled(q): interrupts off before the device sees it
             ring.disable_interrupts()
-        if ring.kick_prepare():   # _kick(q)
+        if kick:   # _kick(q), kick_prepare() answered by add_pair
             self.kernel.trace.emit("kick", dev=self.name, queue=q.index)
             self.transport.notify(q.index, ring.notification_data() if q.notify_data else None)
         return fence

@@ -167,9 +167,10 @@ class PackedQueue(Generic[T]):
             self._order.append(bid)
         return bid
 
-    def add_pair(self, raddr: int, rlen: int, waddr: int, wlen: int, token: T) -> int:
-        """`add` of one readable and one writable segment (DriverRing)."""
-        return self.add(((raddr, rlen),), ((waddr, wlen),), token)
+    def add_pair(self, raddr: int, rlen: int, waddr: int, wlen: int, token: T) -> bool:
+        """`add` of one readable and one writable segment, then `kick_prepare` (DriverRing)."""
+        self.add(((raddr, rlen),), ((waddr, wlen),), token)
+        return self.kick_prepare()
 
     def kick_prepare(self) -> bool:
         """Whether the device must be notified of what was added since the last call."""

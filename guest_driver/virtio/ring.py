@@ -71,9 +71,10 @@ class DriverRing(Protocol[T]):
         QueueFull, RingError (broken) or ValueError (a request that can never fit)."""
         ...
 
-    def add_pair(self, raddr: int, rlen: int, waddr: int, wlen: int, token: T) -> int:
+    def add_pair(self, raddr: int, rlen: int, waddr: int, wlen: int, token: T) -> bool:
         """`add` of the usual request, one readable and one writable segment, without
-        the sequences (a layout may write it in one go); raises as `add` does."""
+        the sequences (a layout may write it in one go), then `kick_prepare()`: whether
+        the device must be notified. Raises as `add` does."""
         ...
 
     def kick_prepare(self) -> bool:

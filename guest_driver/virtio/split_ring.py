@@ -217,12 +217,14 @@ class SplitQueue(Generic[T]):
         _U16.pack_into(ring, lay.avail_idx, self.avail_idx)
         return head
 
-    def add_pair(self, raddr: int, rlen: int, waddr: int, wlen: int, token: T) -> int:
-        """`add(((raddr, rlen),), ((waddr, wlen),), token)`, the usual request, written in
-        one go: an indirect table of two when the ring has them, else two descriptors.
-        A broken ring or too few free descriptors go to `add`, which raises."""
+    def add_pair(self, raddr: int, rlen: int, waddr: int, wlen: int, token: T) -> bool:
+        """`add(((raddr, rlen),), ((waddr, wlen),), token)` then `kick_prepare()`, the
+        usual request written in one go: an indirect table of two when the ring has
+        them, else two descriptors. A broken ring or too few free descriptors go to
+        `add`, which raises."""
         if self.broken or len(self._free_descs) < self._pair_need:
-            return self.add(((raddr, rlen),), ((waddr, wlen),), token)
+            self.add(((raddr, rlen),), ((waddr, wlen),), token)
+            return self.kick_prepare()
         ring = self._ring
         lay = self.layout
         take = self._take
@@ -244,11 +246,19 @@ class SplitQueue(Generic[T]):
         self.in_flight += 1
         if self.in_order:
             self._heads.append(head)
-        avail_idx = self.avail_idx
-        _U16.pack_into(ring, lay.avail_ring + V.AVAIL_ELEM * (avail_idx % self.num), head)
-        self.avail_idx = avail_idx = (avail_idx + 1) & 0xFFFF
-        _U16.pack_into(ring, lay.avail_idx, avail_idx)
-        return head
+        old = self.avail_idx
+        _U16.pack_into(ring, lay.avail_ring + V.AVAIL_ELEM * (old % self.num), head)
+        self.avail_idx = new = (old + 1) & 0xFFFF
+        _U16.pack_into(ring, lay.avail_idx, new)
+        # kick_prepare()
+        old = self._kicked_idx
+        self._kicked_idx = new
+        if new == old:
+            return False
+        if self.event_idx:
+            event: int = _U16.unpack_from(ring, lay.avail_event)[0]
+            return ((new - event - 1) & 0xFFFF) < ((new - old) & 0xFFFF)   # vring_need_event
+        return not _U16.unpack_from(ring, lay.used)[0] & V.USED_F_NO_NOTIFY
 
     def kick_prepare(self) -> bool:
         """Whether the device must be notified of what was added since the last call."""

@@ -101,8 +101,8 @@ def _use(mem: FakeMemory, ring: SplitQueue[Any], head: int, length: int) -> None
 
 def _ring_state(ring: SplitQueue[Any], mem: FakeMemory) -> tuple[object, ...]:
     return (mem.read(ring.base, ring.layout.total), list(ring._free_descs), ring._tokens,
-            ring._chains, ring._wcap, ring.avail_idx, ring.in_flight, list(ring._heads),
-            ring.has_used())
+            ring._chains, ring._wcap, ring.avail_idx, ring._kicked_idx, ring.in_flight,
+            list(ring._heads), ring.has_used())
 
 
 @pytest.mark.parametrize("opts", [dict(indirect=True, event_idx=True),
@@ -112,13 +112,23 @@ def _ring_state(ring: SplitQueue[Any], mem: FakeMemory) -> tuple[object, ...]:
 def test_add_pair_writes_and_records_what_add_does(opts: dict[str, bool]) -> None:
     (fast, slow), (mf, ms) = _twin_rings(**opts)
     n = 0
+    kicks = set()
     for rnd in range(40):   # past a wrap of the 8 entries, with reaps in between
         for _ in range(rnd % 5):
             if fast.num_free < fast.descs_needed(2):
                 break
+            # what the device asks for: avail_event (EVENT_IDX), else used.flags
+            for mem, ring in ((mf, fast), (ms, slow)):
+                if ring.event_idx:
+                    mem.put16(ring.device_addr + ring.layout.avail_event - ring.layout.used,
+                              n // 3)
+                else:
+                    mem.put16(ring.device_addr, n % 3 == 0)   # VRING_USED_F_NO_NOTIFY
             a = 0x1000 + 64 * n
-            assert fast.add_pair(a, 32, a + 32, 24, n) == slow.add(((a, 32),),
-                                                                    ((a + 32, 24),), n)
+            kick = fast.add_pair(a, 32, a + 32, 24, n)
+            slow.add(((a, 32),), ((a + 32, 24),), n)
+            assert kick == slow.kick_prepare()
+            kicks.add(kick)
             n += 1
             assert _ring_state(fast, mf) == _ring_state(slow, ms)
         heads = [h for h, t in enumerate(fast._tokens) if t is not None]
@@ -127,6 +137,7 @@ def test_add_pair_writes_and_records_what_add_does(opts: dict[str, bool]) -> Non
             _use(ms, slow, h, 24)
         assert fast.get_used() == slow.get_used()
         assert _ring_state(fast, mf) == _ring_state(slow, ms)
+    assert kicks == {True, False}
 
 
 def test_add_pair_falls_back_to_add_on_a_full_or_broken_ring() -> None:
@@ -148,7 +159,7 @@ def test_the_used_index_read_inline_says_what_has_used_says() -> None:
         assert ring.used_view is not None
         return struct.unpack_from("<H", ring.used_view, ring.used_off)[0] != ring.last_used
     for i in range(30):
-        heads = [ring.add_pair(0x1000, 8, 0x2000, 8, (i, j)) for j in range(i % 3 + 1)]
+        heads = [ring.add([(0x1000, 8)], [(0x2000, 8)], (i, j)) for j in range(i % 3 + 1)]
         assert inline() is ring.has_used() is False
         for h in heads:
             _use(mem, ring, h, 8)
