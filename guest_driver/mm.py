@@ -13,6 +13,11 @@ from .errors import GuestDriverError
 PAGE_SIZE = 4096
 
 
+# One allocation's edit of the free list: (start, size, align, index of the free range it
+# came from, what replaced that range's start and end, the range's start and end).
+_Edit = tuple[int, int, int, int, list[int], list[int], int, int]
+
+
 class AllocError(GuestDriverError, MemoryError):
     """No free range large enough (ENOMEM)."""
 
@@ -33,6 +38,10 @@ class RangeAllocator:
         self._free_starts: list[int] = [base] if size else []
         self._free_ends: list[int] = [base + size] if size else []
         self._allocated: dict[int, int] = {}  # start -> size
+        # The newest allocation while no other operation followed it, and one freed
+        # right after it was made (`_Edit`); see `alloc_dma`.
+        self._newest: _Edit | None = None
+        self._undone: _Edit | None = None
 
     @property
     def bytes_free(self) -> int:
@@ -48,26 +57,25 @@ class RangeAllocator:
             raise ValueError(f"{self.name}: allocation size must be > 0, got {size}")
         if align <= 0 or align & (align - 1):
             raise ValueError(f"{self.name}: alignment must be a power of two, got {align}")
+        self._undone = None
         starts, ends = self._free_starts, self._free_ends
         mask = align - 1
         for i, (start, end) in enumerate(zip(starts, ends)):
             lo = (start + mask) & ~mask   # align_up(start, align)
             hi = lo + size
             if hi <= end:
-                # take [lo, hi) out of free range i
-                if lo > start and hi < end:      # a hole in the middle: two pieces
-                    ends[i] = lo
-                    starts.insert(i + 1, hi)
-                    ends.insert(i + 1, end)
-                elif lo > start:                 # the tail is taken
-                    ends[i] = lo
-                elif hi < end:                   # the head is taken
-                    starts[i] = hi
-                else:                            # all of it
-                    del starts[i]
-                    del ends[i]
+                # free range i becomes what is left of it on either side of [lo, hi)
+                new_starts = [start, hi] if lo > start else [hi]
+                new_ends = [lo, end] if lo > start else [end]
+                if hi == end:
+                    del new_starts[-1]
+                    del new_ends[-1]
+                starts[i:i + 1] = new_starts
+                ends[i:i + 1] = new_ends
                 self._allocated[lo] = size
+                self._newest = (lo, size, align, i, new_starts, new_ends, start, end)
                 return lo
+        self._newest = None
         raise AllocError(f"{self.name}: out of memory: no free range of {size} bytes "
                          f"aligned to {align} ({self.bytes_free} bytes free)")
 
@@ -76,6 +84,17 @@ class RangeAllocator:
         size = self._allocated.pop(addr, None)
         if size is None:
             raise ValueError(f"{self.name}: free of {addr:#x}, which is not allocated")
+        edit = self._newest
+        self._newest = None
+        if edit is not None and edit[0] == addr:
+            # nothing happened since it was allocated: put its free range back as it was
+            # (what _add_free would do, the free list being coalesced)
+            i = edit[3]
+            self._free_starts[i:i + len(edit[4])] = (edit[6],)
+            self._free_ends[i:i + len(edit[5])] = (edit[7],)
+            self._undone = edit
+            return
+        self._undone = None
         self._add_free(addr, min(addr + size, self.base + self.size))
 
     def _add_free(self, addr: int, end: int) -> None:
@@ -102,6 +121,7 @@ class RangeAllocator:
         back when they are freed."""
         if size < 0:
             raise ValueError(f"{self.name}: bad size {size:#x}")
+        self._newest = self._undone = None
         old_end, new_end = self.base + self.size, self.base + size
         self.size = size
         if new_end > old_end:
@@ -130,4 +150,21 @@ class PageAllocator(RangeAllocator):
         return self.alloc(align_up(size, PAGE_SIZE), PAGE_SIZE)
 
     def alloc_dma(self, size: int, align: int = 16) -> int:
-        return self.alloc((size + 15) & ~15, align if align > 16 else 16)   # align_up(size, 16)
+        """`size` bytes (rounded up to 16) aligned to `align` (at least 16). A request
+        like the last allocation, right after that was freed with nothing in between
+        (a driver's copy of each command buffer, made and freed per submission), finds
+        the free list as it was before that allocation: first fit answers the same
+        address, so the same edit of the list is made again without the search."""
+        size = (size + 15) & ~15   # align_up(size, 16)
+        if align < 16:
+            align = 16
+        edit = self._undone
+        if edit is not None and edit[1] == size and edit[2] == align:
+            i = edit[3]
+            self._free_starts[i:i + 1] = edit[4]
+            self._free_ends[i:i + 1] = edit[5]
+            self._undone = None
+            self._newest = edit
+            self._allocated[edit[0]] = size
+            return edit[0]
+        return self.alloc(size, align)

@@ -37,6 +37,7 @@ from .driver import Context, VA1Device, VA1Error
 from .fence import Fence
 
 U32_MAX = 0xFFFFFFFF
+_OK = int(A.Status.OK)
 _CData = U.ffi.CData
 _typeof = U.ffi.typeof
 
@@ -67,7 +68,7 @@ class VA1File:
         self._bos: dict[int, BufferObject] = {}
         self._next_handle = 1
         self._contexts: dict[int, Context] = {}
-        self._ops: dict[int, Callable[[Any], None]] = {
+        ops: dict[int, Callable[[Any], None]] = {
             U.DRM_IOCTL_VA1_GET_PARAM: self._get_param,
             U.DRM_IOCTL_VA1_BO_CREATE: self._bo_create,
             U.DRM_IOCTL_VA1_BO_FREE: self._bo_free,
@@ -79,8 +80,10 @@ class VA1File:
         }
         self.leaked: list[int] = []  # device addresses kept because an unmap failed
         self._in_flight: dict[int, Fence] = {}  # id(fence) -> fence of this file, unsignalled
-        # the cffi type each request takes, looked up once (ioctl is on every submission)
-        self._arg_types = {req: U.ffi.typeof(U.IOCTL_STRUCT[req] + " *") for req in self._ops}
+        # each request's handler and the cffi type it takes, looked up once (ioctl is on
+        # every submission)
+        self._ops: dict[int, tuple[Callable[[Any], None], Any]] = {
+            req: (op, U.ffi.typeof(U.IOCTL_STRUCT[req] + " *")) for req, op in ops.items()}
         self._owner: Callable[[int, int], BufferObject | None] | None = None
         self._checks: CheckCache[BufferObject] = CheckCache()
 
@@ -88,10 +91,11 @@ class VA1File:
     def ioctl(self, request: int, arg: Any) -> None:
         if self.closed:
             raise _err(errno.EBADF, f"{self.path}: file is closed")
-        op = self._ops.get(request) if isinstance(request, int) else None
-        if op is None:
+        entry = self._ops.get(request) if isinstance(request, int) else None
+        if entry is None:
             raise _err(errno.ENOTTY, f"{self.path}: unknown ioctl request {request!r}")
-        if not isinstance(arg, _CData) or _typeof(arg) is not self._arg_types[request]:
+        op, arg_type = entry
+        if not isinstance(arg, _CData) or _typeof(arg) is not arg_type:
             want = U.IOCTL_STRUCT[request]
             got = _typeof(arg).cname if isinstance(arg, _CData) else type(arg).__name__
             raise _err(errno.ENOTTY, f"{self.path}: ioctl {request:#x} takes a '{want} *', "
@@ -339,19 +343,21 @@ class VA1File:
         del self._contexts[ctx.uid]
 
     def _submit(self, a: Any) -> None:
+        # the integer fields of a cffi struct read as Python ints: no int() needed
         dev = self.dev
-        ctx = self._contexts.get(int(a.context_id))   # _ctx
+        ctx = self._contexts.get(a.context_id)   # _ctx
         if ctx is None:
-            ctx = self._ctx(int(a.context_id))
-        nq = dev.num_submit_queues
-        if a.queue >= nq:
-            raise _err(errno.EINVAL, f"SUBMIT: queue {a.queue} out of range 0..{nq - 1}")
-        cmd = self._bos.get(int(a.cmdbuf_handle))   # _bo
+            ctx = self._ctx(a.context_id)
+        nq = len(dev._queues) - A.FIRST_SUBMITQ   # dev.num_submit_queues
+        queue = a.queue
+        if queue >= nq:
+            raise _err(errno.EINVAL, f"SUBMIT: queue {queue} out of range 0..{nq - 1}")
+        cmd = self._bos.get(a.cmdbuf_handle)   # _bo
         if cmd is None:
-            cmd = self._bo(int(a.cmdbuf_handle))
+            cmd = self._bo(a.cmdbuf_handle)
         if cmd.flags != U.BO_HOST:
             raise _err(errno.EINVAL, f"SUBMIT: cmdbuf_handle {cmd.handle} is not a HOST buffer")
-        off, size = int(a.cmdbuf_offset), int(a.cmdbuf_size)
+        off, size = a.cmdbuf_offset, a.cmdbuf_size
         if size == 0 or size % 8:
             raise _err(errno.EINVAL, f"SUBMIT: cmdbuf_size {size} must be > 0 and a multiple "
                                      "of 8")
@@ -363,7 +369,7 @@ class VA1File:
         if size > max_size:
             raise _err(errno.EINVAL, f"SUBMIT: cmdbuf_size {size} exceeds max_cmdbuf_size "
                                      f"{max_size}")
-        count = int(a.buffer_count)
+        count = a.buffer_count
         if count > U.MAX_SUBMIT_BUFFERS:
             raise _err(errno.EINVAL, f"SUBMIT: buffer_count {count} exceeds "
                                      f"{U.MAX_SUBMIT_BUFFERS}")
@@ -400,7 +406,7 @@ class VA1File:
                 if b.busy == 0 and b.free_pending:
                     self._last_use_done(b)
         try:
-            fence = dev.submit(ctx, int(a.queue), shadow, size, on_done=done, checked=True)
+            fence = dev.submit(ctx, queue, shadow, size, on_done=done, checked=True)
         except BaseException:
             alloc.free(shadow)
             for bo in bos:
@@ -429,10 +435,10 @@ class VA1File:
     def _wait(self, a: Any) -> None:
         if a.pad != 0:
             raise _err(errno.EINVAL, f"WAIT: pad must be 0, got {a.pad}")
-        ctx = self._contexts.get(int(a.context_id))   # _ctx
+        ctx = self._contexts.get(a.context_id)   # _ctx (cffi integer fields are ints)
         if ctx is None:
-            ctx = self._ctx(int(a.context_id))
-        seq = int(a.fence_seq)
+            ctx = self._ctx(a.context_id)
+        seq = a.fence_seq
         fence = ctx.timeline.fences.get(seq)   # timeline.get
         if fence is None:
             if ctx.timeline.released(seq):   # read OK once already; its record is gone
@@ -441,15 +447,16 @@ class VA1File:
                 return
             raise _err(errno.EINVAL, f"WAIT: fence {seq} was never issued on context "
                                      f"{ctx.uid} (last {ctx.timeline.last_seq})")
-        timeout = int(a.timeout_ns)
+        timeout = a.timeout_ns
         if not self.dev.wait_fence(fence, None if timeout < 0 else timeout):
             raise _err(errno.ETIME, f"WAIT: fence {seq} of context {ctx.uid} not signalled "
                                     f"within {timeout} ns")
-        a.status = fence.status
+        a.status = status = fence.status
         a.error_offset = fence.error_offset
         a.start_ns = fence.start_ns
         a.end_ns = fence.end_ns
-        ctx.timeline.release(fence)
+        if status == _OK:   # timeline.release(fence): signalled (waited for), OK
+            ctx.timeline.fences.pop(seq, None)
 
     def _get_stats(self, a: Any) -> None:
         stats = self.dev.get_stats()

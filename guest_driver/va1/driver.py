@@ -80,6 +80,8 @@ def _unpack(layout: Layout, data: bytes) -> dict[str, int]:
 _SUBMIT_REQ = struct.Struct(A.SUBMIT_REQ.format)
 _SUBMIT_RESP = struct.Struct(A.SUBMIT_RESP.format)
 _SUBMIT_REQ_SEGS = A.SUBMIT_REQ.size, A.SUBMIT_RESP.size
+_U16_AT = struct.Struct("<H").unpack_from
+_U32_AT = struct.Struct("<I").unpack_from
 
 
 def _pack(layout: Layout, **values: int) -> bytes:
@@ -142,6 +144,7 @@ class _Queue:
     suspect: int = -1        # `reaps` when used buffers were first seen unreaped
     descs: int = 2           # descriptors a two-segment request takes on this ring
     notify_data: bool = False   # the ring was built for NOTIFICATION_DATA
+    slots: memoryview = memoryview(b"")       # the slots' memory, bytes from slot_base
 
     def __post_init__(self) -> None:
         self.descs = self.ring.descs_needed(2)
@@ -223,6 +226,8 @@ class VA1Device:
         self.poll_wait = params.poll_wait
         self.watchdog_ns = watchdog_ns
         self._start_timer = getattr(kernel.sched, "start_timer", None)
+        self._watchdog_what = f"{name} watchdog"   # the timer's label
+        self._fence_what = f"{name} fence"         # a fence wait's
         self._timer: KernelTimer | None = None
         self._outstanding = 0
         self._reaped = 0
@@ -415,7 +420,9 @@ class VA1Device:
         except AllocError:
             ring.release()
             raise
-        return _Queue(index, ring, slots, slot_size)
+        q = _Queue(index, ring, slots, slot_size)
+        q.slots = self.kernel.memory.view(slots, num * slot_size).data.cast("B")
+        return q
 
     # ================================================================== helpers
     @property
@@ -472,7 +479,11 @@ class VA1Device:
             return
         self._in_irq = True
         try:
-            self._handle_interrupt(config, queues)
+            if queues is None and not config and self.ready and not self.dead:
+                self.interrupts += 1   # _handle_interrupt: used buffers, on some queue
+                self._reap_all()
+            else:
+                self._handle_interrupt(config, queues)
             while self._irq_again:
                 self._handle_interrupt(*self._irq_again.pop(0))
         finally:
@@ -540,7 +551,11 @@ class VA1Device:
         polled = self.poll_wait
         for q in self._queues:
             ring = q.ring
-            if ring.broken or ring.has_used() or (polled and q.index >= A.FIRST_SUBMITQ):
+            view = ring.used_view
+            if (ring.broken
+                    or (ring.has_used() if view is None   # else has_used(), inline
+                        else _U16_AT(view, ring.used_off)[0] != ring.last_used)
+                    or (polled and q.index >= A.FIRST_SUBMITQ)):
                 self._reap(q)   # only a reap can reset the device or make it not ready
                 if self.generation != gen or not self.ready:
                     return
@@ -556,9 +571,7 @@ class VA1Device:
                 self._reaped += len(done)
                 self.kernel.trace.emit("reap", dev=self.name, queue=q.index,
                                        count=len(done))   # _trace
-            for token, ulen in done:
-                self._complete(q, token, ulen)
-                if self.generation != gen:
+                if not self._complete(q, done, gen):
                     return
             if q.ring.broken:
                 self._trace("ring_error", queue=q.index, error=q.ring.broken)
@@ -573,56 +586,62 @@ class VA1Device:
         if q.index == A.EVENTQ:
             self._kick(q)
 
-    def _complete(self, q: _Queue, token: _Token, ulen: int) -> None:
-        mem = self.kernel.memory
-        if not isinstance(token, _EventBuf):
-            # a request of q completed: the recovery timer's bookkeeping
-            if q.outstanding > 0:
-                q.outstanding -= 1
-                self._outstanding -= 1
-            if q.outstanding:   # progress of an idle queue is never looked at
-                q.progress_ns = self.kernel.sched.now_ns()
-            if self._outstanding == 0:
-                self._cancel_timer()
-        base = q.slot_base + token.slot * q.slot_size   # slot_addr
-        if isinstance(token, _CtrlRequest):
-            resp = mem.read(base + CTRL_REQ_MAX, ulen) if ulen else b""
-            q.free_slots.append(token.slot)
-            token.status = (struct.unpack_from("<I", resp)[0] if ulen >= 4
-                            else int(A.Status.BAD_REQUEST))
-            token.resp = resp
-            token.done = True
-        elif isinstance(token, _EventBuf):
-            if ulen >= A.EVENT.size:
-                self._handle_event(_unpack(A.EVENT, mem.read(base, A.EVENT.size)))
+    def _complete(self, q: _Queue, done: list[tuple[_Token, int]], gen: int) -> bool:
+        """Complete the requests reaped from q, in order; False when one of them reset
+        the device (generation `gen` is gone: the rest were aborted with it)."""
+        for token, ulen in done:
+            if not isinstance(token, _EventBuf):
+                # a request of q completed: the recovery timer's bookkeeping
+                if q.outstanding > 0:
+                    q.outstanding -= 1
+                    self._outstanding -= 1
+                if q.outstanding:   # progress of an idle queue is never looked at
+                    q.progress_ns = self.kernel.sched.now_ns()
+                if self._outstanding == 0 and self._timer is not None:   # _cancel_timer()
+                    self._timer.cancel()
+                    self._timer = None
+            if isinstance(token, _Submission):
+                # the response, read through the slots' view, then the fence
+                q.free_slots.append(token.slot)
+                off = token.slot * q.slot_size + A.SUBMIT_REQ.size   # slot_addr
+                tl = token.ctx.timeline
+                fence = token.fence
+                if ulen >= _SUBMIT_RESP.size:
+                    status, error_offset, fence_seq, start_ns, end_ns = \
+                        _SUBMIT_RESP.unpack_from(q.slots, off)
+                    if fence_seq != fence.seq:
+                        tl.signal(fence, A.Status.ABORTED)
+                        self.recover(f"queue {q.index}: response fence_seq {fence_seq} for "
+                                     f"a request with fence_seq {fence.seq}")
+                    else:
+                        if status in FAULT_STATUSES and not token.ctx.faulted:
+                            token.ctx.faulted = True
+                            token.ctx.fault_status = status
+                        tl.signal(fence, status, error_offset, start_ns, end_ns)
+                else:
+                    status = (_U32_AT(q.slots, off)[0] if ulen >= 4
+                              else int(A.Status.BAD_REQUEST))
+                    tl.signal(fence, status)
+            elif isinstance(token, _CtrlRequest):
+                base = q.slot_base + token.slot * q.slot_size   # slot_addr
+                resp = self.kernel.memory.read(base + CTRL_REQ_MAX, ulen) if ulen else b""
+                q.free_slots.append(token.slot)
+                token.status = (struct.unpack_from("<I", resp)[0] if ulen >= 4
+                                else int(A.Status.BAD_REQUEST))
+                token.resp = resp
+                token.done = True
             else:
-                self._trace("event_short", len=ulen)
-            q.free_slots.append(token.slot)
-            self._post_event_buffer(q)
-        else:
-            self._complete_submission(q, token, ulen)
-
-    def _complete_submission(self, q: _Queue, sub: _Submission, ulen: int) -> None:
-        mem = self.kernel.memory
-        q.free_slots.append(sub.slot)
-        base = q.slot_base + sub.slot * q.slot_size + A.SUBMIT_REQ.size   # slot_addr
-        tl = sub.ctx.timeline
-        if ulen >= _SUBMIT_RESP.size:
-            status, error_offset, fence_seq, start_ns, end_ns = _SUBMIT_RESP.unpack(
-                mem.read(base, _SUBMIT_RESP.size))
-            if fence_seq != sub.fence.seq:
-                tl.signal(sub.fence, A.Status.ABORTED)
-                self.recover(f"queue {q.index}: response fence_seq {fence_seq} for a "
-                             f"request with fence_seq {sub.fence.seq}")
-                return
-            if status in FAULT_STATUSES and not sub.ctx.faulted:
-                sub.ctx.faulted = True
-                sub.ctx.fault_status = status
-            tl.signal(sub.fence, status, error_offset, start_ns, end_ns)
-        else:
-            status = (struct.unpack("<I", mem.read(base, 4))[0] if ulen >= 4
-                      else int(A.Status.BAD_REQUEST))
-            tl.signal(sub.fence, status)
+                if ulen >= A.EVENT.size:
+                    base = q.slot_base + token.slot * q.slot_size   # slot_addr
+                    self._handle_event(_unpack(A.EVENT, self.kernel.memory.read(
+                        base, A.EVENT.size)))
+                else:
+                    self._trace("event_short", len=ulen)
+                q.free_slots.append(token.slot)
+                self._post_event_buffer(q)
+            if self.generation != gen:
+                return False
+        return True
 
     def _handle_event(self, ev: dict[str, int]) -> None:
         if ev["type"] != A.EventType.CONTEXT_FAULT:
@@ -649,7 +668,7 @@ class VA1Device:
         q.outstanding += 1
         self._outstanding += 1
         if self._timer is None and self._start_timer is not None:
-            self._timer = self._start_timer(self.poll_ns, self._tick, f"{self.name} watchdog")
+            self._timer = self._start_timer(self.poll_ns, self._tick, self._watchdog_what)
 
     def _cancel_timer(self) -> None:
         if self._timer is not None:
@@ -686,7 +705,7 @@ class VA1Device:
     def _rearm(self) -> None:
         if (self._timer is None and self._outstanding and self._start_timer is not None
                 and not self.dead):
-            self._timer = self._start_timer(self.poll_ns, self._tick, f"{self.name} watchdog")
+            self._timer = self._start_timer(self.poll_ns, self._tick, self._watchdog_what)
 
     def _check_lost_interrupts(self) -> None:
         """Used buffers unreaped for a whole period mean a lost interrupt (an interrupt
@@ -1210,21 +1229,30 @@ class VA1Device:
         if not (q.free_slots and ring.num_free >= q.descs):
             self._wait_for_space(q, self.generation, "submit_space")
             self.check_submit(ctx)
-        fence = ctx.timeline.next(queue)
-        if on_done is not None:
-            fence.callbacks.append(on_done)   # add_callback: a new fence is unsignalled
+        tl = ctx.timeline   # fence = tl.next(queue), with on_done as its callback
+        tl.last_seq = seq = tl.last_seq + 1
+        fence = Fence(tl.context, seq, queue, callbacks=[] if on_done is None else [on_done])
+        tl.fences[seq] = fence
         slot = q.free_slots.pop()
-        base = q.slot_base + slot * q.slot_size
+        off = slot * q.slot_size
+        base = q.slot_base + off
         req, resp = _SUBMIT_REQ_SEGS
         # fields in SUBMIT_REQ order: context_id, flags, cmdbuf_addr, cmdbuf_len,
         # reserved, fence_seq
-        self.kernel.memory.write(base, _SUBMIT_REQ.pack(ctx.device_id, 0, iova, length, 0,
-                                                        fence.seq))
-        ring.add(((base, req),), ((base + req, resp),), _Submission(slot, ctx, fence))
-        self._busy(q)
+        _SUBMIT_REQ.pack_into(q.slots, off, ctx.device_id, 0, iova, length, 0, seq)
+        kick = ring.add_pair(base, req, base + req, resp, _Submission(slot, ctx, fence))
+        # _busy(q)
+        if q.outstanding == 0:
+            q.progress_ns = self.kernel.sched.now_ns()
+        q.outstanding += 1
+        self._outstanding += 1
+        if self._timer is None and self._start_timer is not None:
+            self._timer = self._start_timer(self.poll_ns, self._tick, self._watchdog_what)
         if self.poll_wait:   # _polled(q): interrupts off before the device sees it
             ring.disable_interrupts()
-        self._kick(q)
+        if kick:   # _kick(q), kick_prepare() answered by add_pair
+            self.kernel.trace.emit("kick", dev=self.name, queue=q.index)
+            self.transport.notify(q.index, ring.notification_data() if q.notify_data else None)
         return fence
 
     def check_submit(self, ctx: Context) -> None:
@@ -1248,8 +1276,11 @@ class VA1Device:
         if self.poll_wait and self.ready and not self.dead:
             return self._poll_fence(fence, timeout_ns)
         # timeout 0 still goes through wait_until: pending interrupts are delivered there
-        return self._wait(fence, timeout_ns, "fence", False, context=fence.context,
-                          fence=fence.seq)
+        # (_wait(fence, timeout_ns, "fence", False, ...), inline)
+        self.kernel.trace.emit("wait", dev=self.name, what="fence",
+                               timeout_ns=-1 if timeout_ns is None else timeout_ns,
+                               context=fence.context, fence=fence.seq)
+        return self.kernel.sched.wait_until(fence, timeout_ns, self._fence_what)
 
     def _poll_fence(self, fence: Fence, timeout_ns: int | None) -> bool:
         """`va1.poll_wait=1`: the wait reaps the fence's submit queue (whose interrupts

@@ -82,12 +82,11 @@ class FenceTimeline:
             self.double_signals += 1
             return False
         fence.signalled = True
-        fence.status = int(status)
+        fence.status = status = int(status)
         fence.error_offset = error_offset
         fence.start_ns = start_ns
         fence.end_ns = end_ns
-        self.tracer.emit("fence_signal", context=self.context, fence=fence.seq,
-                         status=int(status))
+        self.tracer.emit("fence_signal", context=self.context, fence=fence.seq, status=status)
         cbs, fence.callbacks = fence.callbacks, []
         for cb in cbs:
             cb(fence)

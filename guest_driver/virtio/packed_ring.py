@@ -39,6 +39,11 @@ _WRAP_BIT = V.PACKED_EVENT_F_WRAP_CTR
 class PackedQueue(Generic[T]):
     """One packed virtqueue: slot and id allocation, publication, used reaping."""
 
+    # no used index (the device marks used descriptors): `has_used()` says (DriverRing)
+    used_view: memoryview | None = None
+    used_off = 0
+    last_used = 0
+
     def __init__(self, memory: PhysMemory, alloc: RangeAllocator, index: int, num: int, *,
                  indirect: bool, event_idx: bool, in_order: bool = False,
                  notification_data: bool = False, max_indirect: int = 8) -> None:
@@ -161,6 +166,11 @@ class PackedQueue(Generic[T]):
         if self.in_order:
             self._order.append(bid)
         return bid
+
+    def add_pair(self, raddr: int, rlen: int, waddr: int, wlen: int, token: T) -> bool:
+        """`add` of one readable and one writable segment, then `kick_prepare` (DriverRing)."""
+        self.add(((raddr, rlen),), ((waddr, wlen),), token)
+        return self.kick_prepare()
 
     def kick_prepare(self) -> bool:
         """Whether the device must be notified of what was added since the last call."""

@@ -32,6 +32,13 @@ class DriverRing(Protocol[T]):
     num: int
     features: int          # the ring features it was built for (ring_factory.ring_features)
     broken: str | None     # why the device broke the ring, or None
+    # A layout whose device publishes a used index (split): the ring memory holding it
+    # and its offset there; that u16 differs from `last_used` exactly when an unbroken
+    # ring `has_used()`, so an interrupt handler looks at every ring without a call per
+    # ring. None (packed: used entries are marked in the descriptors): ask `has_used()`.
+    used_view: memoryview | None
+    used_off: int
+    last_used: int
 
     @property
     def desc_addr(self) -> int: ...
@@ -62,6 +69,12 @@ class DriverRing(Protocol[T]):
     def add(self, readable: Sequence[Segment], writable: Sequence[Segment], token: T) -> int:
         """Make one request available (not yet notified); its head id. Raises
         QueueFull, RingError (broken) or ValueError (a request that can never fit)."""
+        ...
+
+    def add_pair(self, raddr: int, rlen: int, waddr: int, wlen: int, token: T) -> bool:
+        """`add` of the usual request, one readable and one writable segment, without
+        the sequences (a layout may write it in one go), then `kick_prepare()`: whether
+        the device must be notified. Raises as `add` does."""
         ...
 
     def kick_prepare(self) -> bool:

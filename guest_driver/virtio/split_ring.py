@@ -23,6 +23,7 @@ __all__ = ["QueueFull", "RingError", "RingLayout", "SplitQueue", "vring_need_eve
 T = TypeVar("T")
 
 _DESC = struct.Struct(V.DESC.format)
+_DESC2 = struct.Struct("<" + 2 * V.DESC.format.lstrip("<"))   # two descriptors in a row
 _DSIZE = V.DESC.size
 _USED_ELEM = struct.Struct(V.USED_ELEM.format)
 _U16 = struct.Struct("<H")
@@ -74,11 +75,16 @@ class SplitQueue(Generic[T]):
                          | (1 << V.F_NOTIFICATION_DATA if notification_data else 0))
         self.max_indirect = max_indirect if indirect else 0
         self.layout = RingLayout(num, self.max_indirect)
+        # descriptors `add_pair` takes: 1 with an indirect table of two, else 2
+        self._pair_need = 1 if self.max_indirect >= 2 else 2
         self._alloc = alloc
         self.base = alloc.alloc(self.layout.total, 4096)
         # The whole ring allocation as one memoryview, bounds-checked once here: every
         # field access is then a struct pack_into/unpack_from at a fixed offset.
         self._ring = memory.view(self.base, self.layout.total).data.cast("B")
+        # where the device publishes used.idx (DriverRing.used_view)
+        self.used_view: memoryview | None = self._ring
+        self.used_off = self.layout.used_idx
         self.broken: str | None = None
         self._free: list[int] = []
         self._ring_order: deque[int] = deque()   # IN_ORDER: free descriptors, ring order
@@ -211,6 +217,49 @@ class SplitQueue(Generic[T]):
         _U16.pack_into(ring, lay.avail_idx, self.avail_idx)
         return head
 
+    def add_pair(self, raddr: int, rlen: int, waddr: int, wlen: int, token: T) -> bool:
+        """`add(((raddr, rlen),), ((waddr, wlen),), token)` then `kick_prepare()`, the
+        usual request written in one go: an indirect table of two when the ring has
+        them, else two descriptors. A broken ring or too few free descriptors go to
+        `add`, which raises."""
+        if self.broken or len(self._free_descs) < self._pair_need:
+            self.add(((raddr, rlen),), ((waddr, wlen),), token)
+            return self.kick_prepare()
+        ring = self._ring
+        lay = self.layout
+        take = self._take
+        head = take()
+        if self._pair_need == 1:   # indirect
+            toff = lay.indirect + head * lay.indirect_stride
+            _DESC2.pack_into(ring, toff, raddr, rlen, V.DESC_F_NEXT, 1,
+                             waddr, wlen, V.DESC_F_WRITE, 0)
+            _DESC.pack_into(ring, lay.desc + head * _DSIZE, self.base + toff, 2 * _DSIZE,
+                            V.DESC_F_INDIRECT, 0)
+            self._chains[head] = (head,)
+        else:
+            nxt = take()
+            _DESC.pack_into(ring, lay.desc + head * _DSIZE, raddr, rlen, V.DESC_F_NEXT, nxt)
+            _DESC.pack_into(ring, lay.desc + nxt * _DSIZE, waddr, wlen, V.DESC_F_WRITE, 0)
+            self._chains[head] = (head, nxt) if self.in_order else (nxt, head)
+        self._tokens[head] = token
+        self._wcap[head] = wlen
+        self.in_flight += 1
+        if self.in_order:
+            self._heads.append(head)
+        old = self.avail_idx
+        _U16.pack_into(ring, lay.avail_ring + V.AVAIL_ELEM * (old % self.num), head)
+        self.avail_idx = new = (old + 1) & 0xFFFF
+        _U16.pack_into(ring, lay.avail_idx, new)
+        # kick_prepare()
+        old = self._kicked_idx
+        self._kicked_idx = new
+        if new == old:
+            return False
+        if self.event_idx:
+            event: int = _U16.unpack_from(ring, lay.avail_event)[0]
+            return ((new - event - 1) & 0xFFFF) < ((new - old) & 0xFFFF)   # vring_need_event
+        return not _U16.unpack_from(ring, lay.used)[0] & V.USED_F_NO_NOTIFY
+
     def kick_prepare(self) -> bool:
         """Whether the device must be notified of what was added since the last call."""
         new, old = self.avail_idx, self._kicked_idx
@@ -218,8 +267,8 @@ class SplitQueue(Generic[T]):
         if new == old:
             return False
         if self.event_idx:
-            (event,) = _U16.unpack_from(self._ring, self.layout.avail_event)
-            return vring_need_event(event, new, old)
+            event: int = _U16.unpack_from(self._ring, self.layout.avail_event)[0]
+            return ((new - event - 1) & 0xFFFF) < ((new - old) & 0xFFFF)   # vring_need_event
         (flags,) = _U16.unpack_from(self._ring, self.layout.used)
         return not flags & V.USED_F_NO_NOTIFY
 
@@ -255,42 +304,49 @@ class SplitQueue(Generic[T]):
             return out
         ring = self._ring
         used_ring, esize = self.layout.used_ring, V.USED_ELEM.size
+        num, tokens, chains, wcaps = self.num, self._tokens, self._chains, self._wcap
         while pending:
-            slot = self.last_used % self.num
-            uid, ulen = _USED_ELEM.unpack_from(ring, used_ring + esize * slot)
-            if uid >= self.num:
-                self.broken = f"used id {uid} out of range (queue size {self.num})"
+            last = self.last_used
+            uid, ulen = _USED_ELEM.unpack_from(ring, used_ring + esize * (last % num))
+            if uid >= num:
+                self.broken = f"used id {uid} out of range (queue size {num})"
                 return out
-            token = self._tokens[uid]
+            token = tokens[uid]
             if token is None:
                 self.broken = f"used id {uid} is not the head of a request in flight"
                 return out
-            if ulen > self._wcap[uid]:
+            if ulen > wcaps[uid]:
                 self.broken = (f"used len {ulen} for id {uid} exceeds its writable capacity "
-                               f"{self._wcap[uid]}")
+                               f"{wcaps[uid]}")
                 return out
-            batch = [uid]
-            if self.in_order:
-                # one element may stand for a batch ending at uid (virtio 1.x §2.7.9)
-                if uid not in self._heads:
-                    self.broken = f"used id {uid} is not in the in-order list"
-                    return out
-                n = self._heads.index(uid) + 1
-                if n > pending:
-                    self.broken = (f"used id {uid} ends a batch of {n} but used.idx moved "
-                                   f"only {pending}")
-                    return out
-                batch = [self._heads.popleft() for _ in range(n)]
-            for h in batch:
-                tok = self._tokens[h]
-                assert tok is not None
-                self._tokens[h] = None
-                self._give_back(self._chains[h])
-                self._chains[h] = ()
+            if not self.in_order:   # one element, one request
+                tokens[uid] = None
+                self._give_back(chains[uid])
+                chains[uid] = ()
                 self.in_flight -= 1
-                out.append((tok, ulen if h == uid else self._wcap[h]))
-            self.last_used = (self.last_used + len(batch)) & 0xFFFF
-            pending -= len(batch)
+                out.append((token, ulen))
+                self.last_used = (last + 1) & 0xFFFF
+                pending -= 1
+                continue
+            # one element may stand for a batch ending at uid (virtio 1.x §2.7.9)
+            if uid not in self._heads:
+                self.broken = f"used id {uid} is not in the in-order list"
+                return out
+            n = self._heads.index(uid) + 1
+            if n > pending:
+                self.broken = (f"used id {uid} ends a batch of {n} but used.idx moved "
+                               f"only {pending}")
+                return out
+            for h in [self._heads.popleft() for _ in range(n)]:
+                tok = tokens[h]
+                assert tok is not None
+                tokens[h] = None
+                self._give_back(chains[h])
+                chains[h] = ()
+                self.in_flight -= 1
+                out.append((tok, ulen if h == uid else wcaps[h]))
+            self.last_used = (last + n) & 0xFFFF
+            pending -= n
         return out
 
     def enable_interrupts(self) -> bool:

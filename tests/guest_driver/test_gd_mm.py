@@ -73,3 +73,63 @@ def test_random_alloc_free_never_overlaps_and_fully_coalesces(seed):
     for addr in list(live):
         a.free(addr)
     assert a.bytes_free == 1 << 16 and a.alloc(1 << 16) == 0x10
+
+
+def _state(a: RangeAllocator) -> tuple[list[int], list[int], dict[int, int]]:
+    return list(a._free_starts), list(a._free_ends), dict(a._allocated)
+
+
+@pytest.mark.parametrize("seed", [4, 5, 6])
+def test_an_allocation_freed_and_made_again_matches_first_fit(seed):
+    """alloc_dma right after the free of the newest allocation reuses its edit of the free
+    list: same address and same free list as the search on an allocator that never
+    reuses, whatever came before and after (frees, other sizes, resizes)."""
+    import random
+    rng = random.Random(seed)
+    fast = PageAllocator(0x1010, 1 << 16)
+    ref = PageAllocator(0x1010, 1 << 16)
+    live: list[int] = []
+    reused = 0
+    for _ in range(3000):
+        ref._newest = ref._undone = None   # the reference always searches
+        r = rng.random()
+        if live and r < 0.4:
+            addr = live.pop(rng.randrange(len(live)) if rng.random() < 0.3 else -1)
+            fast.free(addr)
+            ref.free(addr)
+        elif r < 0.42:
+            size = rng.choice([1 << 15, 1 << 16, 3 << 14])
+            fast.resize(size)
+            ref.resize(size)
+        else:
+            size, align = rng.choice([(16, 64), (24, 16), (100, 64), (5000, 4096)])
+            undone = fast._undone
+            try:
+                got = fast.alloc_dma(size, align)
+            except AllocError:
+                with pytest.raises(AllocError):
+                    ref.alloc_dma(size, align)
+                continue
+            if undone is not None and fast._newest is undone:
+                reused += 1
+            assert got == ref.alloc_dma(size, align)
+            live.append(got)
+        assert _state(fast) == _state(ref)
+    assert reused > 20   # the reuse was taken, not only the search
+
+
+def test_the_reuse_is_not_taken_after_any_other_operation():
+    a = PageAllocator(0x1000, 1 << 16)
+    x = a.alloc_dma(16, 64)
+    a.free(x)
+    assert a._undone is not None
+    assert a.alloc_dma(32, 64) == x      # another size: searched (and the same place)
+    assert a._undone is None
+    a.free(x)
+    y = a.alloc_pages(1)                 # anything between the free and the next one
+    assert a._undone is None and a.alloc_dma(16, 64) != y
+    b = PageAllocator(0x1000, 1 << 16)
+    x = b.alloc_dma(16, 64)
+    z = b.alloc_dma(16, 64)
+    b.free(x)                            # not the newest: a search-and-merge free
+    assert b._undone is None and b.alloc_dma(16, 64) == x and z != x

@@ -4,10 +4,17 @@ wait condition, and SUBMIT's checks still refuse what they refused."""
 from __future__ import annotations
 
 import errno
+import struct
+from typing import Any
 
-from gd_fakes import nop_cmdbuf
+import pytest
+
+from gd_fakes import FakeMemory, nop_cmdbuf
 from gd_helpers import booted, expect_errno
 from guest_driver.kernel import reads_guest_state_only
+from guest_driver.mm import PageAllocator
+from guest_driver.virtio.packed_ring import PackedQueue
+from guest_driver.virtio.split_ring import QueueFull, RingError, SplitQueue
 from guest_driver.va1.fence import FenceTimeline
 from hwspec import va1 as A
 
@@ -70,3 +77,119 @@ def test_submit_still_refuses_a_faulted_or_destroyed_context_and_a_dead_device()
     ctx.destroyed = False
     drv.dead = "test"
     expect_errno(errno.ENODEV, c.submit, cid, h, 16, match="device is dead")
+
+
+# ---- the split ring's usual request and the interrupt's look at the used index ----------
+
+def _twin_rings(**opts: bool) -> tuple[list[Any], list[Any]]:
+    """Two split rings alike, each in its own memory at the same addresses."""
+    rings, mems = [], []
+    for _ in range(2):
+        mem = FakeMemory()
+        rings.append(SplitQueue(mem, PageAllocator(mem.base, mem.size), 2, 8,
+                                max_indirect=2, **opts))
+        mems.append(mem)
+    return rings, mems
+
+
+def _use(mem: FakeMemory, ring: SplitQueue[Any], head: int, length: int) -> None:
+    """The device's side: head used with `length` bytes written."""
+    idx = mem.u16(ring.device_addr + 2)
+    mem.write(ring.device_addr + 4 + 8 * (idx % ring.num), struct.pack("<II", head, length))
+    mem.put16(ring.device_addr + 2, idx + 1)
+
+
+def _ring_state(ring: SplitQueue[Any], mem: FakeMemory) -> tuple[object, ...]:
+    return (mem.read(ring.base, ring.layout.total), list(ring._free_descs), ring._tokens,
+            ring._chains, ring._wcap, ring.avail_idx, ring._kicked_idx, ring.in_flight,
+            list(ring._heads), ring.has_used())
+
+
+@pytest.mark.parametrize("opts", [dict(indirect=True, event_idx=True),
+                                  dict(indirect=False, event_idx=False),
+                                  dict(indirect=True, event_idx=False, in_order=True),
+                                  dict(indirect=False, event_idx=True, in_order=True)])
+def test_add_pair_writes_and_records_what_add_does(opts: dict[str, bool]) -> None:
+    (fast, slow), (mf, ms) = _twin_rings(**opts)
+    n = 0
+    kicks = set()
+    for rnd in range(40):   # past a wrap of the 8 entries, with reaps in between
+        for _ in range(rnd % 5):
+            if fast.num_free < fast.descs_needed(2):
+                break
+            # what the device asks for: avail_event (EVENT_IDX), else used.flags
+            for mem, ring in ((mf, fast), (ms, slow)):
+                if ring.event_idx:
+                    mem.put16(ring.device_addr + ring.layout.avail_event - ring.layout.used,
+                              n // 3)
+                else:
+                    mem.put16(ring.device_addr, n % 3 == 0)   # VRING_USED_F_NO_NOTIFY
+            a = 0x1000 + 64 * n
+            kick = fast.add_pair(a, 32, a + 32, 24, n)
+            slow.add(((a, 32),), ((a + 32, 24),), n)
+            assert kick == slow.kick_prepare()
+            kicks.add(kick)
+            n += 1
+            assert _ring_state(fast, mf) == _ring_state(slow, ms)
+        heads = [h for h, t in enumerate(fast._tokens) if t is not None]
+        for h in sorted(heads, key=lambda h: fast._tokens[h])[:2]:   # oldest first
+            _use(mf, fast, h, 24)
+            _use(ms, slow, h, 24)
+        assert fast.get_used() == slow.get_used()
+        assert _ring_state(fast, mf) == _ring_state(slow, ms)
+    assert kicks == {True, False}
+
+
+def test_add_pair_falls_back_to_add_on_a_full_or_broken_ring() -> None:
+    (ring, _), (mem, _) = _twin_rings(indirect=False, event_idx=False)
+    for i in range(4):
+        ring.add_pair(0x1000, 8, 0x2000, 8, i)
+    with pytest.raises(QueueFull, match="2 descriptors needed, 0 free"):
+        ring.add_pair(0x1000, 8, 0x2000, 8, 9)
+    ring.broken = "test"
+    with pytest.raises(RingError, match="is broken: test"):
+        ring.add_pair(0x1000, 8, 0x2000, 8, 9)
+
+
+def test_the_used_index_read_inline_says_what_has_used_says() -> None:
+    (ring, _), (mem, _) = _twin_rings(indirect=True, event_idx=True)
+    assert ring.used_view is not None
+
+    def inline() -> bool:
+        assert ring.used_view is not None
+        return struct.unpack_from("<H", ring.used_view, ring.used_off)[0] != ring.last_used
+    for i in range(30):
+        heads = [ring.add([(0x1000, 8)], [(0x2000, 8)], (i, j)) for j in range(i % 3 + 1)]
+        assert inline() is ring.has_used() is False
+        for h in heads:
+            _use(mem, ring, h, 8)
+            assert inline() is ring.has_used() is True
+        ring.get_used()
+        assert inline() is ring.has_used() is False
+    mem_p = FakeMemory()
+    packed = PackedQueue(mem_p, PageAllocator(mem_p.base, mem_p.size), 2, 8, indirect=False,
+                         event_idx=False)
+    assert packed.used_view is None   # no used index: the interrupt asks has_used()
+
+
+def test_a_line_interrupt_for_used_buffers_reaps_and_any_other_goes_the_general_way() -> None:
+    k, dev, gos, c = booted()
+    drv = c.f.dev
+    general: list[tuple[bool, object]] = []
+    real = drv._handle_interrupt
+
+    def spy(config: bool, queues: Any) -> None:
+        general.append((config, queues))
+        real(config, queues)
+    drv._handle_interrupt = spy   # type: ignore[method-assign]
+    cid = c.ctx()
+    h = c.cmdbuf(nop_cmdbuf(2))
+    before = drv.interrupts
+    assert c.wait(cid, c.submit(cid, h, 16)).status == A.Status.OK
+    assert general == [] and drv.interrupts > before   # the used-buffer interrupt, counted
+    drv._interrupt(True, None)                            # a config change
+    drv._interrupt(False, [A.FIRST_SUBMITQ])              # an interrupt naming its queue
+    assert general == [(True, None), (False, [A.FIRST_SUBMITQ])]
+    drv.ready = False
+    drv._interrupt(False, None)                           # not ready: nothing reaped
+    assert general[-1] == (False, None)
