@@ -107,17 +107,17 @@ class Floor:
         self.sched._now += ns
 
     def wait_until(self, cond: Callable[[], bool]) -> None:
-        self.t_machine.emit("wait", thread=1)
+        self.t_machine.emit_plain("wait", {"thread": 1})
         while not cond():
             self.run_until(self.sched._now + 1000)
             if self.pending_irq:
                 self.pending_irq.clear()
-                self.t_irq.emit("deliver", line=5)
+                self.t_irq.emit_plain("deliver", {"line": 5})
                 self.interrupt()
-        self.t_machine.emit("wake", thread=1)
+        self.t_machine.emit_plain("wake", {"thread": 1})
 
     def guest_write(self, off: int, value: int) -> None:
-        self.t_cpu.emit("mmio_write", addr=0x1000 + off, size=4, value=value)
+        self.t_cpu.emit_plain("mmio_write", {"addr": 0x1000 + off, "size": 4, "value": value})
         if off == _NOTIFY:
             self.notified()
         elif off == _ACK:
@@ -127,7 +127,7 @@ class Floor:
 
     def guest_read(self, off: int) -> int:
         value = self.isr
-        self.t_cpu.emit("mmio_read", addr=0x1000 + off, size=4, value=value)
+        self.t_cpu.emit_plain("mmio_read", {"addr": 0x1000 + off, "size": 4, "value": value})
         self.charge(100)
         return value
 
@@ -152,26 +152,26 @@ class Floor:
             cmd = bytes(self.view[chain[1][0]:chain[1][0] + chain[1][1]])
             if self.decoded.get(cmd) is None:
                 self.decoded[cmd] = ("nop",)
-            self.t_dev.emit("submit_start", queue=queue, head=head, ctx=ctx)
-            self.t_dev.emit("cmd", op=0, offset=0, cost=10)
+            self.t_dev.emit_plain("submit_start", {"queue": queue, "head": head, "ctx": ctx})
+            self.t_dev.emit_plain("cmd", {"op": 0, "offset": 0, "cost": 10})
             resp = chain[2][0]
             self.schedule(self.sched._now + 10, lambda: self.finish(head, resp))
 
     def finish(self, head: int, resp: int) -> None:
-        self.t_dev.emit("submit_end", queue=0, head=head, status=0)
+        self.t_dev.emit_plain("submit_end", {"queue": 0, "head": head, "status": 0})
         mem = self.mem
         _RESP.pack_into(mem, resp, 0, 0, 1, 2)
         _USED.pack_into(mem, _USED_AT + 4 + 8 * (self.used_idx % _RING), head, 24)
         self.used_idx = (self.used_idx + 1) & 0xFFFF
         _U16.pack_into(mem, _USED_AT + 2, self.used_idx)
         self.isr |= 1
-        self.t_dev.emit("irq", vector=0)
+        self.t_dev.emit_plain("irq", {"vector": 0})
         self.set_line(1)
 
     def set_line(self, level: int) -> None:
         if level != self.line:
             self.line = level
-            self.t_irq.emit("irq_line", line=5, level=level)
+            self.t_irq.emit_plain("irq_line", {"line": 5, "level": level})
             if level:
                 self.pending_irq.append(5)
 
@@ -198,7 +198,7 @@ class Floor:
         self.inflight[h0] = (fence, (h0, h1, h2), slot, resp)
         if self.timer is None:
             self.timer = self.schedule(self.sched._now + 10**9, None)
-        self.t_kernel.emit("kick", queue=0, avail=self.avail_idx)
+        self.t_kernel.emit_plain("kick", {"queue": 0, "avail": self.avail_idx})
         self.guest_write(_NOTIFY, 0)
         return self.seq
 
@@ -211,18 +211,18 @@ class Floor:
             self.last_used = (self.last_used + 1) & 0xFFFF
             fence, heads, slot, resp = self.inflight.pop(head)
             self.free.extend(heads)
-            self.t_kernel.emit("reap", queue=0, head=head, len=length)
+            self.t_kernel.emit_plain("reap", {"queue": 0, "head": head, "len": length})
             if not self.inflight and self.timer is not None:
                 self.timer[2] = None
                 self.timer = None
             status = _RESP.unpack_from(mem, resp)[0]
             fence[0], fence[1] = 1, status
-            self.t_kernel.emit("fence_signal", ctx=1, seq=self.seq, status=status)
+            self.t_kernel.emit_plain("fence_signal", {"ctx": 1, "seq": self.seq, "status": status})
             self.slots.append(slot)
 
     def wait(self, seq: int) -> list[int]:
         fence = self.fences.pop(seq)
-        self.t_kernel.emit("wait", ctx=1, seq=seq)
+        self.t_kernel.emit_plain("wait", {"ctx": 1, "seq": seq})
         if not fence[0]:
             self.wait_until(lambda: bool(fence[0]))
         return fence
