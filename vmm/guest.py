@@ -44,8 +44,8 @@ class GuestMmio:
     # An access the bus has claimed before (a valid size, wholly inside one region) goes
     # straight to the region's handler: MmioBus.read_in/write_in's work for it, inline.
     # Any other access takes the bus's own path, which logs it as unclaimed. The common
-    # case, a claimed trapped access with no fault plan, also charges the exit inline
-    # (Machine.charge) and traces ints it has tested as plain (SourceTracer.emit_plain).
+    # case, a claimed trapped access with no fault plan, traces ints it has tested as
+    # plain (SourceTracer.emit_plain).
 
     def read(self, addr: int, size: int) -> int:
         region = self._claims.get((addr, size))
@@ -58,15 +58,7 @@ class GuestMmio:
                                                  "exit": True})
         else:
             self._trace.emit("mmio_read", addr=addr, size=size, value=value, exit=True)
-        cost = self.exit_cost_ns
-        if cost > 0:   # Machine.charge inlined
-            sched = self._sched
-            when = sched._now + cost
-            heap = sched._heap
-            if heap and heap[0][0] <= when:
-                sched.run_until_time(when)
-            else:
-                sched._now = when
+        self._machine.charge(self.exit_cost_ns)
         return value
 
     def write(self, addr: int, size: int, value: int) -> None:
@@ -81,15 +73,7 @@ class GuestMmio:
         else:
             self._trace.emit("mmio_write", addr=addr, size=size, value=value, exit=True)
         region.handler.write(addr - region.base, size, value & _MASKS[size])
-        cost = self.exit_cost_ns
-        if cost > 0:   # Machine.charge inlined
-            sched = self._sched
-            when = sched._now + cost
-            heap = sched._heap
-            if heap and heap[0][0] <= when:
-                sched.run_until_time(when)
-            else:
-                sched._now = when
+        self._machine.charge(self.exit_cost_ns)
 
     def _read(self, addr: int, size: int) -> int:
         """read() in general: an access claimed now or never, a direct region, a fault

@@ -1241,13 +1241,7 @@ class VA1Device:
         # reserved, fence_seq
         _SUBMIT_REQ.pack_into(q.slots, off, ctx.device_id, 0, iova, length, 0, seq)
         kick = ring.add_pair(base, req, base + req, resp, _Submission(slot, ctx, fence))
-        # _busy(q)
-        if q.outstanding == 0:
-            q.progress_ns = self.kernel.sched.now_ns()
-        q.outstanding += 1
-        self._outstanding += 1
-        if self._timer is None and self._start_timer is not None:
-            self._timer = self._start_timer(self.poll_ns, self._tick, self._watchdog_what)
+        self._busy(q)
         if self.poll_wait:   # _polled(q): interrupts off before the device sees it
             ring.disable_interrupts()
         if kick:   # _kick(q), kick_prepare() answered by add_pair
