@@ -131,6 +131,29 @@ class GuestScheduler(Protocol):
 class Tracer(Protocol):
     def emit(self, kind: str, **fields: object) -> None: ...
 
+    # Optional (looked up with getattr, by `plain_emitter`; the VMM's tracer has it):
+    # def emit_plain(self, kind: str, fields: dict[str, object]) -> None:
+    #     emit(kind, **fields) for values whose exact type (int, str, bool) the emitter
+    #     fixed or has just tested: no per-value check. `fields` is kept (a fresh dict).
+
+
+PlainEmit = Callable[[str, dict[str, object]], None]
+_PLAIN_TYPES = (int, str, bool)
+
+
+def plain_emitter(tracer: Tracer, *fixed: object) -> PlainEmit:
+    """`emit_plain(kind, fields)` of `tracer` for an emitter that builds its events from
+    `fixed` (values it holds for its lifetime, e.g. its device name) and from values of
+    an exact plain type it made or tested. A tracer without `emit_plain`, or a fixed
+    value of another type, gets `emit` (which checks every value)."""
+    plain: PlainEmit | None = getattr(tracer, "emit_plain", None)
+    if plain is not None and all(type(v) in _PLAIN_TYPES for v in fixed):
+        return plain
+
+    def emit(kind: str, fields: dict[str, object]) -> None:
+        tracer.emit(kind, **fields)
+    return emit
+
 
 @dataclass(frozen=True)
 class PlatformDevice:

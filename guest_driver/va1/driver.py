@@ -34,7 +34,7 @@ from hwspec.layout import Layout
 
 from ..errors import GuestDriverError
 from ..params import DEFAULT_OPTIONAL, FEATURE_NAMES, OPTIONAL_FEATURES, DriverParams
-from ..kernel import GuestKernel, KernelTimer, PlatformDevice, guest_state
+from ..kernel import GuestKernel, KernelTimer, PlatformDevice, guest_state, plain_emitter
 from ..mm import AllocError, PageAllocator
 from ..pci import PciError
 from ..virtio.admin import ADMIN_QUEUE_SIZE, AdminError, AdminQueue
@@ -116,11 +116,16 @@ class _CtrlRequest:
     resp: bytes = b""
 
 
-@dataclass
 class _Submission:
-    slot: int
-    ctx: Context
-    fence: Fence
+    """A submission in flight (the ring's token): made on every submission, so a
+    slotted class built from positional arguments."""
+
+    __slots__ = ("slot", "ctx", "fence")
+
+    def __init__(self, slot: int, ctx: Context, fence: Fence) -> None:
+        self.slot = slot
+        self.ctx = ctx
+        self.fence = fence
 
 
 @dataclass
@@ -193,6 +198,9 @@ class VA1Device:
             self.transport = dev
         self.alloc = alloc
         self.name = name
+        # the events of every submission (kick, wait, reap) carry the name, queue
+        # indexes the driver numbered and ints it counted or tested
+        self._emit_plain = plain_emitter(kernel.trace, name)
         self.features = 0
         self.config: dict[str, int] = {}
         self.generation = 0
@@ -435,7 +443,7 @@ class VA1Device:
     def _kick(self, q: _Queue) -> None:
         ring = q.ring
         if ring.kick_prepare():
-            self.kernel.trace.emit("kick", dev=self.name, queue=q.index)   # _trace
+            self._emit_plain("kick", {"dev": self.name, "queue": q.index})
             # notification_data() is None without NOTIFICATION_DATA: not asked for then
             self.transport.notify(q.index, ring.notification_data() if q.notify_data else None)
 
@@ -569,8 +577,8 @@ class VA1Device:
             if done:
                 q.reaps += 1
                 self._reaped += len(done)
-                self.kernel.trace.emit("reap", dev=self.name, queue=q.index,
-                                       count=len(done))   # _trace
+                self._emit_plain("reap", {"dev": self.name, "queue": q.index,
+                                          "count": len(done)})
                 if not self._complete(q, done, gen):
                     return
             if q.ring.broken:
@@ -1231,7 +1239,7 @@ class VA1Device:
             self.check_submit(ctx)
         tl = ctx.timeline   # fence = tl.next(queue), with on_done as its callback
         tl.last_seq = seq = tl.last_seq + 1
-        fence = Fence(tl.context, seq, queue, callbacks=[] if on_done is None else [on_done])
+        fence = Fence(tl.context, seq, queue, None if on_done is None else [on_done])
         tl.fences[seq] = fence
         slot = q.free_slots.pop()
         off = slot * q.slot_size
@@ -1245,7 +1253,7 @@ class VA1Device:
         if self.poll_wait:   # _polled(q): interrupts off before the device sees it
             ring.disable_interrupts()
         if kick:   # _kick(q), kick_prepare() answered by add_pair
-            self.kernel.trace.emit("kick", dev=self.name, queue=q.index)
+            self._emit_plain("kick", {"dev": self.name, "queue": q.index})
             self.transport.notify(q.index, ring.notification_data() if q.notify_data else None)
         return fence
 
@@ -1271,9 +1279,13 @@ class VA1Device:
             return self._poll_fence(fence, timeout_ns)
         # timeout 0 still goes through wait_until: pending interrupts are delivered there
         # (_wait(fence, timeout_ns, "fence", False, ...), inline)
-        self.kernel.trace.emit("wait", dev=self.name, what="fence",
-                               timeout_ns=-1 if timeout_ns is None else timeout_ns,
-                               context=fence.context, fence=fence.seq)
+        timeout = -1 if timeout_ns is None else timeout_ns
+        fields: dict[str, object] = {"dev": self.name, "what": "fence", "timeout_ns": timeout,
+                                     "context": fence.context, "fence": fence.seq}
+        if type(timeout) is int:
+            self._emit_plain("wait", fields)
+        else:
+            self.kernel.trace.emit("wait", **fields)
         return self.kernel.sched.wait_until(fence, timeout_ns, self._fence_what)
 
     def _poll_fence(self, fence: Fence, timeout_ns: int | None) -> bool:

@@ -6,27 +6,36 @@ comes second is ignored and counted, so "exactly once" is checkable.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Callable
 
 from hwspec.va1 import NO_OFFSET, Status
 
-from ..kernel import GuestStateCondition, Tracer
+from ..kernel import GuestStateCondition, Tracer, plain_emitter
 
 
-@dataclass
 class Fence(GuestStateCondition):
     """One submission's fence. Called, it says whether it is signalled: a fence is its
-    own wait condition, set only by the driver's interrupt path (guest state)."""
-    context: int        # uAPI context id
-    seq: int
-    queue: int
-    signalled: bool = False
-    status: int = 0
-    error_offset: int = NO_OFFSET
-    start_ns: int = 0
-    end_ns: int = 0
-    callbacks: list[Callable[["Fence"], None]] = field(default_factory=list)
+    own wait condition, set only by the driver's interrupt path (guest state). Made on
+    every submission: a slotted class built from positional arguments."""
+
+    __slots__ = ("context", "seq", "queue", "signalled", "status", "error_offset",
+                 "start_ns", "end_ns", "callbacks")
+
+    def __init__(self, context: int, seq: int, queue: int,
+                 callbacks: list[Callable[["Fence"], None]] | None = None) -> None:
+        self.context = context   # uAPI context id
+        self.seq = seq
+        self.queue = queue
+        self.signalled = False
+        self.status = 0
+        self.error_offset = NO_OFFSET
+        self.start_ns = 0
+        self.end_ns = 0
+        self.callbacks: list[Callable[[Fence], None]] = [] if callbacks is None else callbacks
+
+    def __repr__(self) -> str:
+        return (f"Fence(context={self.context}, seq={self.seq}, queue={self.queue}, "
+                f"signalled={self.signalled}, status={self.status})")
 
     def __call__(self) -> bool:
         return self.signalled
@@ -45,6 +54,7 @@ class FenceTimeline:
     def __init__(self, context: int, tracer: Tracer) -> None:
         self.context = context
         self.tracer = tracer
+        self._emit_plain = plain_emitter(tracer, context)
         self.last_seq = 0
         self.fences: dict[int, Fence] = {}
         self.double_signals = 0
@@ -86,7 +96,9 @@ class FenceTimeline:
         fence.error_offset = error_offset
         fence.start_ns = start_ns
         fence.end_ns = end_ns
-        self.tracer.emit("fence_signal", context=self.context, fence=fence.seq, status=status)
+        # plain: the context fixed at construction, a seq this timeline numbered, int()
+        self._emit_plain("fence_signal", {"context": self.context, "fence": fence.seq,
+                                          "status": status})
         cbs, fence.callbacks = fence.callbacks, []
         for cb in cbs:
             cb(fence)
