@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import errno
 import struct
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from gd_fakes import FakeMemory, nop_cmdbuf
-from gd_helpers import booted, expect_errno
-from guest_driver.kernel import reads_guest_state_only
+from gd_fakes import RAM_BASE, FakeMemory, bad_cmdbuf, make_machine, nop_cmdbuf
+from gd_helpers import Client, booted, expect_errno
+from guest_driver.boot import boot
+from guest_driver.kernel import plain_emitter, reads_guest_state_only
 from guest_driver.mm import PageAllocator
 from guest_driver.virtio.packed_ring import PackedQueue
 from guest_driver.virtio.split_ring import QueueFull, RingError, SplitQueue
+from guest_driver.va1.driver import _UsedLook
 from guest_driver.va1.fence import FenceTimeline
 from hwspec import va1 as A
 
@@ -193,3 +196,122 @@ def test_a_line_interrupt_for_used_buffers_reaps_and_any_other_goes_the_general_
     drv.ready = False
     drv._interrupt(False, None)                           # not ready: nothing reaped
     assert general[-1] == (False, None)
+
+
+# --- round 6: the driver's events through emit_plain, the interrupt's look in C --------
+
+class _PlainTrace:
+    """A tracer with emit_plain: records every event and which method brought it."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, dict[str, object]]] = []
+        self.plain: list[str] = []
+
+    def emit(self, kind: str, **fields: object) -> None:
+        self.events.append((kind, fields))
+
+    def emit_plain(self, kind: str, fields: dict[str, object]) -> None:
+        self.plain.append(kind)
+        self.events.append((kind, dict(fields)))
+
+
+def _round_trips(k: Any, c: Any, bad: bool = False) -> None:
+    """Submissions on both submit queues and their waits (a failing one when `bad`)."""
+    cid = c.ctx()
+    h = c.cmdbuf(nop_cmdbuf(2))
+    for queue in (0, 1, 0, 0, 1):
+        assert c.wait(cid, c.submit(cid, h, 16, queue=queue)).status == A.Status.OK
+    seqs = [c.submit(cid, h, 16, queue=q) for q in (1, 0, 1)]
+    for seq in seqs:
+        assert c.wait(cid, seq).status == A.Status.OK
+    if bad:
+        hb = c.cmdbuf(bad_cmdbuf())
+        assert c.wait(cid, c.submit(cid, hb, 16)).status != A.Status.OK
+
+
+def test_plain_emitter_takes_emit_plain_only_for_plain_fixed_values() -> None:
+    class Name(str):
+        pass
+    plain, only_emit = _PlainTrace(), _Tracer()
+    assert plain_emitter(plain, "dev0", 3) == plain.emit_plain
+    fallback = plain_emitter(plain, Name("dev0"))
+    fallback("kick", {"dev": Name("dev0"), "queue": 2})
+    assert plain.plain == [] and plain.events == [("kick", {"dev": "dev0", "queue": 2})]
+    plain_emitter(only_emit)("reap", {"queue": 2, "count": 1})
+    assert only_emit.events == [("reap", {"queue": 2, "count": 1})]
+
+
+def test_the_drivers_events_through_emit_plain_are_those_of_emit() -> None:
+    runs = []
+    for trace in (_Tracer(), _PlainTrace()):
+        k, devs = make_machine()
+        k.trace = trace   # type: ignore[assignment]
+        c = Client(boot(k).open("/dev/accel/accel0"))
+        _round_trips(k, c, bad=True)
+        runs.append(trace.events)
+    assert runs[0] == runs[1]
+    assert {"kick", "wait", "reap", "fence_signal"} <= set(trace.plain)
+    # a wait whose timeout is not an exact int goes through emit (which checks)
+    k, devs = make_machine()
+    k.trace = trace = _PlainTrace()   # type: ignore[assignment]
+    c = Client(boot(k).open("/dev/accel/accel0"))
+    drv = c.f.dev
+    fence = drv.submit(drv.create_context(), 0, drv.alloc.alloc_dma(16), 16)
+    trace.plain.clear()
+    assert drv.wait_fence(fence, True) in (True, False)
+    assert "wait" not in trace.plain and any(e[0] == "wait" for e in trace.events)
+
+
+def _twin_runs(prepare: Any) -> list[list[tuple[str, dict[str, object]]]]:
+    """The same round trips with the interrupt's look in C and with the loop only."""
+    runs = []
+    for look in (True, False):
+        k, dev, gos, c = booted()
+        drv = c.f.dev
+        assert drv._look is not None
+        if not look:
+            drv._look = None
+        prepare(drv)
+        _round_trips(k, c, bad=True)
+        runs.append(k.trace.events)
+    return runs
+
+
+def test_the_interrupts_look_in_c_reaps_what_the_loop_reaps() -> None:
+    with_look, loop_only = _twin_runs(lambda drv: None)
+    assert with_look == loop_only
+    assert sum(1 for kind, _ in with_look if kind == "reap") >= 8
+
+
+def test_a_broken_ring_takes_the_loop_and_recovers_as_before() -> None:
+    runs = []
+    for look in (True, False):
+        k, dev, gos, c = booted()
+        drv = c.f.dev
+        if not look:
+            drv._look = None
+        cid = c.ctx()
+        h = c.cmdbuf(nop_cmdbuf(2))
+        seq = c.submit(cid, h, 16)
+        drv._queues[A.EVENTQ].ring.broken = "broken by the test"
+        assert c.wait(cid, seq).status == A.Status.ABORTED
+        assert drv._look is not None and drv.resets == 1   # set up again by the reset
+        runs.append(k.trace.events)
+    assert runs[0] == runs[1]
+    assert any(kind == "ring_error" and f["queue"] == A.EVENTQ for kind, f in runs[0])
+
+
+def test_no_look_in_c_for_polled_queues_or_rings_without_a_used_index() -> None:
+    k, devs = make_machine()
+    k.cmdline = "va1.poll_wait=1"
+    c = Client(boot(k).open("/dev/accel/accel0"))
+    assert c.f.dev._look is None
+    _round_trips(k, c)
+    packed = PackedQueue(FakeMemory(), PageAllocator(RAM_BASE, 1 << 20), 2, 8,
+                         indirect=True, event_idx=True)
+    assert _UsedLook.of([SimpleNamespace(ring=packed)], False) is None  # type: ignore[list-item]
+    split = SplitQueue(FakeMemory(), PageAllocator(RAM_BASE, 1 << 20), 2, 8,
+                       indirect=True, event_idx=True)
+    assert _UsedLook.of([SimpleNamespace(ring=split)], True) is None  # type: ignore[list-item]
+    look = _UsedLook.of([SimpleNamespace(ring=split)], False)  # type: ignore[list-item]
+    assert look is not None and look.views[0][look.offs[0]] == split.used_idx()
