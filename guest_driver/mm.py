@@ -13,9 +13,11 @@ from .errors import GuestDriverError
 PAGE_SIZE = 4096
 
 
-# One allocation's edit of the free list: (start, size, align, index of the free range it
-# came from, what replaced that range's start and end, the range's start and end).
-_Edit = tuple[int, int, int, int, list[int], list[int], int, int]
+# One allocation's edit of the free list: (start, size, align, the free list (starts,
+# ends) before it, the free list after it). An allocation builds a new free list and
+# leaves the one before it as it was, so undoing or redoing the edit is one swap.
+_FreeList = tuple[list[int], list[int]]
+_Edit = tuple[int, int, int, _FreeList, _FreeList]
 
 
 class AllocError(GuestDriverError, MemoryError):
@@ -70,10 +72,11 @@ class RangeAllocator:
                 if hi == end:
                     del new_starts[-1]
                     del new_ends[-1]
-                starts[i:i + 1] = new_starts
-                ends[i:i + 1] = new_ends
+                after = (starts[:i] + new_starts + starts[i + 1:],
+                         ends[:i] + new_ends + ends[i + 1:])
+                self._free_starts, self._free_ends = after
                 self._allocated[lo] = size
-                self._newest = (lo, size, align, i, new_starts, new_ends, start, end)
+                self._newest = (lo, size, align, (starts, ends), after)
                 return lo
         self._newest = None
         raise AllocError(f"{self.name}: out of memory: no free range of {size} bytes "
@@ -87,11 +90,9 @@ class RangeAllocator:
         edit = self._newest
         self._newest = None
         if edit is not None and edit[0] == addr:
-            # nothing happened since it was allocated: put its free range back as it was
-            # (what _add_free would do, the free list being coalesced)
-            i = edit[3]
-            self._free_starts[i:i + len(edit[4])] = (edit[6],)
-            self._free_ends[i:i + len(edit[5])] = (edit[7],)
+            # nothing happened since it was allocated: the free list before it is what
+            # _add_free would make (the free list being coalesced)
+            self._free_starts, self._free_ends = edit[3]
             self._undone = edit
             return
         self._undone = None
@@ -160,9 +161,7 @@ class PageAllocator(RangeAllocator):
             align = 16
         edit = self._undone
         if edit is not None and edit[1] == size and edit[2] == align:
-            i = edit[3]
-            self._free_starts[i:i + 1] = edit[4]
-            self._free_ends[i:i + 1] = edit[5]
+            self._free_starts, self._free_ends = edit[4]
             self._undone = None
             self._newest = edit
             self._allocated[edit[0]] = size
