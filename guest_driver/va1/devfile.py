@@ -26,6 +26,7 @@ import errno
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import _cffi_backend
 import numpy as np
 
 from hwspec import va1 as A
@@ -39,7 +40,9 @@ from .fence import Fence
 U32_MAX = 0xFFFFFFFF
 _OK = int(A.Status.OK)
 _CData = U.ffi.CData
-_typeof = U.ffi.typeof
+# what ffi.typeof(cdata) calls once it has told a cdata from a C declaration string
+# (ioctl asks it only about cdata, on every call)
+_typeof = _cffi_backend.typeof
 
 
 @dataclass
