@@ -25,8 +25,6 @@ from __future__ import annotations
 import errno
 import struct
 import sys
-from itertools import compress
-from operator import attrgetter, getitem, ne
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence, Union
 
@@ -83,39 +81,8 @@ def _unpack(layout: Layout, data: bytes) -> dict[str, int]:
 _SUBMIT_REQ = struct.Struct(A.SUBMIT_REQ.format)
 _SUBMIT_RESP = struct.Struct(A.SUBMIT_RESP.format)
 _SUBMIT_REQ_SEGS = A.SUBMIT_REQ.size, A.SUBMIT_RESP.size
-_U16_AT = struct.Struct("<H").unpack_from
 _U32_AT = struct.Struct("<I").unpack_from
-_BROKEN = attrgetter("broken")
-_LAST_USED = attrgetter("last_used")
-
-
-class _UsedLook:
-    """Where every queue's device publishes its used index, as u16 views (split rings
-    on a little-endian host, whose native u16 is the ring's): the interrupt compares
-    them all with the rings' `last_used` in C (`VA1Device._reap_all`). Made when the
-    queues are set up; a ring's `used_view` is fixed for its life."""
-
-    __slots__ = ("queues", "rings", "views", "offs")
-
-    def __init__(self, queues: "list[_Queue]") -> None:
-        self.queues = tuple(queues)
-        self.rings = tuple(q.ring for q in queues)
-        self.views = tuple(r.used_view.cast("H") for r in self.rings   # type: ignore[union-attr]
-                           )
-        self.offs = tuple(r.used_off >> 1 for r in self.rings)
-
-    @staticmethod
-    def of(queues: "list[_Queue]", polled: bool) -> "_UsedLook | None":
-        """The look for these queues, or None when one of them has no used index (a
-        packed ring), an odd offset, a big-endian host, or polled submit queues (the
-        interrupt reaps those whatever their index says)."""
-        if polled or sys.byteorder != "little" or not queues:
-            return None
-        for q in queues:
-            view = q.ring.used_view
-            if view is None or len(view) & 1 or q.ring.used_off & 1:
-                return None
-        return _UsedLook(queues)
+_LITTLE_ENDIAN = sys.byteorder == "little"
 
 
 def _pack(layout: Layout, **values: int) -> bytes:
@@ -196,6 +163,25 @@ class _Queue:
         return self.slot_base + slot * self.slot_size
 
 
+# A queue as the interrupt handler looks at it: (queue, its ring, the ring's used index
+# as a u16 memoryview and that index's position in it), or (queue, ring, None, 0) for
+# a ring to ask `has_used()` (see `_used_look`).
+_Look = tuple[_Queue, DriverRing[_Token], Optional[memoryview], int]
+
+
+def _used_look(q: _Queue) -> _Look:
+    """How the interrupt handler reads q's used index: a split ring's `used_view` cast
+    to native u16 (the ring's own little-endian u16 on a little-endian host), indexed
+    in C without a struct call; a packed ring, or an odd offset or length, or a
+    big-endian host, is asked `has_used()`. Made when the queues are set up: a ring's
+    `used_view` is fixed for its life."""
+    ring = q.ring
+    view = ring.used_view
+    if view is None or not _LITTLE_ENDIAN or len(view) & 1 or ring.used_off & 1:
+        return q, ring, None, 0
+    return q, ring, view.cast("H"), ring.used_off >> 1
+
+
 class VA1Device:
     """One bound VA-1 function."""
 
@@ -244,7 +230,7 @@ class VA1Device:
         self.interrupts = 0
         self.resets = 0
         self._queues: list[_Queue] = []
-        self._look: _UsedLook | None = None   # of _queues, while they are set up
+        self._look: tuple[_Look, ...] = ()   # _queues' (see _used_look), while set up
         self._contexts: dict[int, Context] = {}  # device_id -> live context (this generation)
         self._next_uid = 1
         self._in_irq = False
@@ -317,7 +303,7 @@ class VA1Device:
             q.ring.release()
             self.alloc.free(q.slot_base)
         self._queues = []
-        self._look = None
+        self._look = ()
         if self.admin is not None:
             self.admin.release()
             self.admin = None
@@ -325,7 +311,7 @@ class VA1Device:
     def _init_device(self, reset: bool = True) -> None:
         """Reset (unless just done) and bring the device to DRIVER_OK (virtio 1.x §3.1.1)."""
         self.ready = False
-        self._look = None
+        self._look = ()
         t = self.transport
         if reset:
             t.reset()
@@ -376,7 +362,7 @@ class VA1Device:
             q = self._queues[i]
             q.reset_slots()
             t.setup_queue(index, num, q.ring.desc_addr, q.ring.driver_addr, q.ring.device_addr)
-        self._look = _UsedLook.of(self._queues, bool(self.poll_wait))
+        self._look = tuple(_used_look(q) for q in self._queues)
         if admin_index is not None:
             self._setup_admin(admin_index)
         elif self.admin is not None:  # no longer negotiated after a reset
@@ -594,25 +580,11 @@ class VA1Device:
         if not self.ready:
             return
         gen = self.generation
-        look = self._look
-        if look is not None and not any(map(_BROKEN, look.rings)):
-            # the loop below without a call per queue: the queues whose used index
-            # moved, each compared (lazily, after the reaps before it) in C
-            for q in compress(look.queues, map(ne, map(getitem, look.views, look.offs),
-                                               map(_LAST_USED, look.rings))):
-                self._reap(q)
-                if self.generation != gen or not self.ready:
-                    return
-            if self.admin is not None:
-                self._reap_admin()
-            return
         polled = self.poll_wait
-        for q in self._queues:
-            ring = q.ring
-            view = ring.used_view
+        for q, ring, used, at in self._look:   # _queues, with where each publishes used.idx
             if (ring.broken
-                    or (ring.has_used() if view is None   # else has_used(), inline
-                        else _U16_AT(view, ring.used_off)[0] != ring.last_used)
+                    or (ring.has_used() if used is None   # else has_used(), inline
+                        else used[at] != ring.last_used)
                     or (polled and q.index >= A.FIRST_SUBMITQ)):
                 self._reap(q)   # only a reap can reset the device or make it not ready
                 if self.generation != gen or not self.ready:

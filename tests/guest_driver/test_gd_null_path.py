@@ -17,7 +17,7 @@ from guest_driver.kernel import plain_emitter, reads_guest_state_only
 from guest_driver.mm import PageAllocator
 from guest_driver.virtio.packed_ring import PackedQueue
 from guest_driver.virtio.split_ring import QueueFull, RingError, SplitQueue
-from guest_driver.va1.driver import _UsedLook
+from guest_driver.va1.driver import _used_look
 from guest_driver.va1.fence import FenceTimeline
 from hwspec import va1 as A
 
@@ -263,55 +263,56 @@ def test_the_drivers_events_through_emit_plain_are_those_of_emit() -> None:
 
 
 def _twin_runs(prepare: Any) -> list[list[tuple[str, dict[str, object]]]]:
-    """The same round trips with the interrupt's look in C and with the loop only."""
+    """The same round trips with the used indexes read through u16 views and with
+    every ring asked `has_used()`."""
     runs = []
-    for look in (True, False):
+    for views in (True, False):
         k, dev, gos, c = booted()
         drv = c.f.dev
-        assert drv._look is not None
-        if not look:
-            drv._look = None
+        assert [e[0] for e in drv._look] == drv._queues
+        assert all(e[2] is not None for e in drv._look)
+        if not views:
+            drv._look = tuple((q, r, None, 0) for q, r, _, _ in drv._look)
         prepare(drv)
         _round_trips(k, c, bad=True)
         runs.append(k.trace.events)
     return runs
 
 
-def test_the_interrupts_look_in_c_reaps_what_the_loop_reaps() -> None:
-    with_look, loop_only = _twin_runs(lambda drv: None)
-    assert with_look == loop_only
-    assert sum(1 for kind, _ in with_look if kind == "reap") >= 8
+def test_the_interrupts_u16_views_reap_what_has_used_reaps() -> None:
+    with_views, asked = _twin_runs(lambda drv: None)
+    assert with_views == asked
+    assert sum(1 for kind, _ in with_views if kind == "reap") >= 8
 
 
-def test_a_broken_ring_takes_the_loop_and_recovers_as_before() -> None:
-    runs = []
-    for look in (True, False):
-        k, dev, gos, c = booted()
-        drv = c.f.dev
-        if not look:
-            drv._look = None
-        cid = c.ctx()
-        h = c.cmdbuf(nop_cmdbuf(2))
-        seq = c.submit(cid, h, 16)
-        drv._queues[A.EVENTQ].ring.broken = "broken by the test"
-        assert c.wait(cid, seq).status == A.Status.ABORTED
-        assert drv._look is not None and drv.resets == 1   # set up again by the reset
-        runs.append(k.trace.events)
-    assert runs[0] == runs[1]
-    assert any(kind == "ring_error" and f["queue"] == A.EVENTQ for kind, f in runs[0])
+def test_a_broken_ring_is_reaped_and_recovers_as_before() -> None:
+    k, dev, gos, c = booted()
+    drv = c.f.dev
+    cid = c.ctx()
+    h = c.cmdbuf(nop_cmdbuf(2))
+    seq = c.submit(cid, h, 16)
+    drv._queues[A.EVENTQ].ring.broken = "broken by the test"
+    assert c.wait(cid, seq).status == A.Status.ABORTED
+    assert drv.resets == 1
+    assert any(kind == "ring_error" and f["queue"] == A.EVENTQ
+               for kind, f in k.trace.events)
+    # set up again with the queues of the new generation
+    assert [e[0] for e in drv._look] == drv._queues and drv.ready
 
 
-def test_no_look_in_c_for_polled_queues_or_rings_without_a_used_index() -> None:
+def test_rings_without_a_used_index_view_are_asked_has_used() -> None:
     k, devs = make_machine()
     k.cmdline = "va1.poll_wait=1"
     c = Client(boot(k).open("/dev/accel/accel0"))
-    assert c.f.dev._look is None
     _round_trips(k, c)
-    packed = PackedQueue(FakeMemory(), PageAllocator(RAM_BASE, 1 << 20), 2, 8,
-                         indirect=True, event_idx=True)
-    assert _UsedLook.of([SimpleNamespace(ring=packed)], False) is None  # type: ignore[list-item]
-    split = SplitQueue(FakeMemory(), PageAllocator(RAM_BASE, 1 << 20), 2, 8,
-                       indirect=True, event_idx=True)
-    assert _UsedLook.of([SimpleNamespace(ring=split)], True) is None  # type: ignore[list-item]
-    look = _UsedLook.of([SimpleNamespace(ring=split)], False)  # type: ignore[list-item]
-    assert look is not None and look.views[0][look.offs[0]] == split.used_idx()
+    alloc = PageAllocator(RAM_BASE, 1 << 20)
+    packed: PackedQueue[int] = PackedQueue(FakeMemory(), alloc, 2, 8, indirect=True,
+                                           event_idx=True)
+    assert _used_look(SimpleNamespace(ring=packed))[2:] == (None, 0)  # type: ignore[arg-type]
+    split: SplitQueue[int] = SplitQueue(FakeMemory(), alloc, 2, 8, indirect=True,
+                                        event_idx=True)
+    q = SimpleNamespace(ring=split)
+    _, _, view, at = _used_look(q)  # type: ignore[arg-type]
+    assert view is not None and view[at] == split.used_idx() == 0
+    split._ring[split.used_off:split.used_off + 2] = struct.pack("<H", 0x1234)
+    assert view[at] == split.used_idx() == 0x1234
