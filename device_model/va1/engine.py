@@ -28,7 +28,6 @@ another function or another tenant's guest.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
 from functools import partial
 from operator import attrgetter
 from typing import Callable
@@ -39,7 +38,7 @@ from hwspec import isa
 from hwspec.isa import Opcode
 from hwspec.va1 import NO_OFFSET, Status
 
-from ..ports import Clock, DmaFault, DmaPort, Timer, Tracer
+from ..ports import Clock, DmaFault, DmaPort, Timer, Tracer, plain_emitter
 from ..testing_breaks import BREAKS
 from ..virtio.ring import DescriptorChain
 from .commands import OPS, Command
@@ -62,9 +61,10 @@ _CMD_FIELDS = ("opcode", "offset", "start_ns", "end_ns", "engine", "queue")
 
 # --- scheduling ----------------------------------------------------------------------
 
-@dataclass(slots=True)
 class Submission:
-    """One submit request on its way through a queue."""
+    """One submit request on its way through a queue. One is made per request: the
+    fields after `req` start at their class defaults, so construction sets three."""
+
     queue: int                    # virtqueue index
     chain: DescriptorChain
     req: SubmitRequest
@@ -74,22 +74,40 @@ class Submission:
     end_ns: int = 0
     engine: int = -1
 
+    def __init__(self, queue: int, chain: DescriptorChain, req: SubmitRequest) -> None:
+        self.queue = queue
+        self.chain = chain
+        self.req = req
 
-@dataclass(slots=True)
+    def __repr__(self) -> str:
+        return (f"Submission(queue={self.queue}, req={self.req}, status={self.status.name}, "
+                f"engine={self.engine}, start_ns={self.start_ns}, end_ns={self.end_ns})")
+
+
 class _Run:
+    """A submission on (or waiting for) an engine. One is made per started submission:
+    the fields after `t` start at their class defaults."""
+
     sub: Submission
     slot: int                     # position of the queue in the processor
     proc: "CommandProcessor"
-    cmds: list[Command] = field(default_factory=list)
+    t: int                        # start time of command `next`
+    slice_start: int              # when this run got its current engine
+    cmds: list[Command]
     next: int = 0
-    t: int = 0                    # start time of command `next`
     cur_end: int = -1             # end of command `next` once committed (-1: not yet)
-    slice_start: int = 0          # when this run got its current engine
     timed_out: bool = False
     wait_first: int = -1          # first poll of the current WAIT
     wait_polls: int = 0
     dropped: bool = False         # its queue was reset (RING_RESET): never goes on
     math: bool = True             # holds a command that computes (not only time-only ones)
+
+    def __init__(self, sub: Submission, slot: int, proc: "CommandProcessor", t: int) -> None:
+        self.sub = sub
+        self.slot = slot
+        self.proc = proc
+        self.t = self.slice_start = t
+        self.cmds = []
 
 
 Prepare = Callable[[Submission], "tuple[Status, int, list[Command]]"]
@@ -129,6 +147,7 @@ class CommandProcessor:
         # The tracer's batch form when it has one (ports.Tracer), else one emit per row.
         each = getattr(tracer, "emit_each", None)
         self._in_errstate = False   # _step: inside np.errstate(all="ignore")
+        self._emit_plain = plain_emitter(tracer)
         self._emit_each: Callable[[str, tuple[str, ...], list[tuple]], None] = (  # type: ignore[type-arg]
             each if each is not None else self._emit_rows)
         self.sched: Scheduler | None = None
@@ -181,19 +200,19 @@ class CommandProcessor:
 
     def schedule(self, delay_ns: int, callback: Callable[[], None], label: str) -> None:
         """A cancellable event that is dropped by reset()."""
-        epoch = self._epoch
         key = self._timer_seq
-        self._timer_seq += 1
+        self._timer_seq = key + 1
+        self._timers[key] = self.clock.schedule(
+            max(0, delay_ns), partial(self._fire, key, self._epoch, callback), label)
 
-        def fire() -> None:
-            self._timers.pop(key, None)
-            if epoch == self._epoch:
-                try:
-                    callback()
-                except Exception as e:  # never into the platform's event loop
-                    self.failed(e)
-
-        self._timers[key] = self.clock.schedule(max(0, delay_ns), fire, label)
+    def _fire(self, key: int, epoch: int, callback: Callable[[], None]) -> None:
+        """An event of `schedule`: runs `callback` unless reset() came in between."""
+        self._timers.pop(key, None)
+        if epoch == self._epoch:
+            try:
+                callback()
+            except Exception as e:  # never into the platform's event loop
+                self.failed(e)
 
     def failed(self, exc: Exception) -> None:
         """An unexpected failure outside any one command (a bug in the processor or in
@@ -359,10 +378,14 @@ class CommandProcessor:
         sub = self.pending[slot].popleft()
         sub.start_ns = now
         sub.engine = engine
-        run = _Run(sub, slot, self, t=now, slice_start=now)
+        run = _Run(sub, slot, self, now)
         self.engines[engine] = run
-        self.tracer.emit("submit_start", queue=sub.queue, context=sub.req.context_id,
-                         fence=sub.req.fence_seq, engine=engine, start_ns=now)
+        fields = {"queue": sub.queue, "context": sub.req.context_id,
+                  "fence": sub.req.fence_seq, "engine": engine, "start_ns": now}
+        if type(now) is int:   # the clock's; the others the device's own ints
+            self._emit_plain("submit_start", fields)
+        else:
+            self.tracer.emit("submit_start", **fields)
         try:
             status, offset, cmds = self._prepare(sub)
         except Exception as e:  # a device bug or host failure: this submission fails
@@ -683,9 +706,14 @@ class CommandProcessor:
         self.busy[run.slot] = False
         self.fs.running -= 1
         self.metrics.submissions += 1
-        self.tracer.emit("submit_end", queue=sub.queue, context=sub.req.context_id,
-                         fence=sub.req.fence_seq, status=_STATUS_NAME[sub.status],
-                         error_offset=sub.error_offset, engine=sub.engine,
-                         start_ns=sub.start_ns, end_ns=sub.end_ns)
+        start, end = sub.start_ns, sub.end_ns
+        fields = {"queue": sub.queue, "context": sub.req.context_id,
+                  "fence": sub.req.fence_seq, "status": _STATUS_NAME[sub.status],
+                  "error_offset": sub.error_offset, "engine": sub.engine,
+                  "start_ns": start, "end_ns": end}
+        if type(start) is int is type(end):   # the clock's; the others the device's own
+            self._emit_plain("submit_end", fields)
+        else:
+            self.tracer.emit("submit_end", **fields)
         self._complete(sub)
         self.sched.dispatch()  # type: ignore[union-attr]
