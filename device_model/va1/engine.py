@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections import deque
 from functools import partial
 from operator import attrgetter
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -93,7 +93,7 @@ class _Run:
     proc: "CommandProcessor"
     t: int                        # start time of command `next`
     slice_start: int              # when this run got its current engine
-    cmds: list[Command]
+    cmds: Sequence[Command] = ()  # set once its submission is prepared
     next: int = 0
     cur_end: int = -1             # end of command `next` once committed (-1: not yet)
     timed_out: bool = False
@@ -107,7 +107,6 @@ class _Run:
         self.slot = slot
         self.proc = proc
         self.t = self.slice_start = t
-        self.cmds = []
 
 
 Prepare = Callable[[Submission], "tuple[Status, int, list[Command]]"]
@@ -312,14 +311,14 @@ class CommandProcessor:
         # enqueue: became_active, where min_active_vt of a lone function is 0.0
         fs.vt = max(fs.vt, 0.0)
         sched._active[fs.index] = fs
-        self.pending[slot].append(sub)
         # dispatch: the first free engine to the only function; start_next: the only
-        # queue with work. Nested dispatches wait for the end of the start, as in
+        # queue with work, where `sub` would be queued alone (so it is handed over
+        # without the queue). Nested dispatches wait for the end of the start, as in
         # dispatch, which then looks again only if one was asked for.
         sched._dispatching = True
         sched._again = False
         try:
-            self.start_next(engines.index(None), slot)
+            self.start_next(engines.index(None), slot, sub)
         except Exception as e:  # as in dispatch: this function alone fails
             self.failed(e)
         finally:
@@ -328,9 +327,11 @@ class CommandProcessor:
             sched.dispatch()
         return True
 
-    def start_next(self, engine: int, slot: int | None = None) -> None:
+    def start_next(self, engine: int, slot: int | None = None,
+                   sub: Submission | None = None) -> None:
         """The scheduler gave us `engine`: start (or resume) our next queue's work
-        (`slot`: the caller knows it is the only startable queue).
+        (`slot`: the caller knows it is the only startable queue; `sub`: with `slot`,
+        the submission that would be alone in it, not queued, with no run to resume).
 
         The queue: round robin across contexts (the next context id after the last one
         started, among the heads of the startable queues), then across queues."""
@@ -356,16 +357,19 @@ class CommandProcessor:
             if slot is None or best_key is None:  # pragma: no cover - startable() was asked
                 return
             self._last_ctx = best_key[1]
+            run = resume[slot]
+        elif sub is not None:
+            run = None
+            self._last_ctx = sub.req.context_id
         else:
             run = resume[slot]
             self._last_ctx = (run.sub if run is not None else pending[slot][0]).req.context_id
         self._rr = (slot + 1) % n
-        self.busy[slot] = True
+        busy[slot] = True
         self.fs.running += 1
         now = self.clock.now_ns()
-        run = resume[slot]
         if run is not None:
-            self.resume[slot] = None
+            resume[slot] = None
             run.t = now
             run.slice_start = now
             run.sub.engine = engine
@@ -375,13 +379,15 @@ class CommandProcessor:
                              engine=engine, start_ns=now)
             self._step(run, now)
             return
-        sub = self.pending[slot].popleft()
+        if sub is None:
+            sub = pending[slot].popleft()
         sub.start_ns = now
         sub.engine = engine
         run = _Run(sub, slot, self, now)
         self.engines[engine] = run
-        fields = {"queue": sub.queue, "context": sub.req.context_id,
-                  "fence": sub.req.fence_seq, "engine": engine, "start_ns": now}
+        fields: dict[str, object] = {
+            "queue": sub.queue, "context": sub.req.context_id, "fence": sub.req.fence_seq,
+            "engine": engine, "start_ns": now}
         if type(now) is int:   # the clock's; the others the device's own ints
             self._emit_plain("submit_start", fields)
         else:
@@ -482,7 +488,6 @@ class CommandProcessor:
         assert sched is not None
         shared = len(sched.functions) > 1
         metrics = self.metrics
-        emit = self.tracer.emit
         while run.next < len(cmds):
             cmd = cmds[run.next]
             if (cmd.opcode in _TIME_ONLY and run.cur_end < 0 and not shared
@@ -596,11 +601,11 @@ class CommandProcessor:
             metrics.commands += 1
             metrics.dma_bytes += cmd.host_bytes
             if cmd.path:
-                emit("cmd", opcode=_OPNAME[cmd.opcode], offset=cmd.offset, start_ns=start,
+                self.tracer.emit("cmd", opcode=_OPNAME[cmd.opcode], offset=cmd.offset, start_ns=start,
                      end_ns=end, engine=sub.engine, queue=sub.queue,
                      path="/".join(map(str, cmd.path)))
             else:
-                emit("cmd", opcode=_OPNAME[cmd.opcode], offset=cmd.offset, start_ns=start,
+                self.tracer.emit("cmd", opcode=_OPNAME[cmd.opcode], offset=cmd.offset, start_ns=start,
                      end_ns=end, engine=sub.engine, queue=sub.queue)
             run.t, run.cur_end = end, -1
             run.next += 1
@@ -707,7 +712,8 @@ class CommandProcessor:
         self.fs.running -= 1
         self.metrics.submissions += 1
         start, end = sub.start_ns, sub.end_ns
-        fields = {"queue": sub.queue, "context": sub.req.context_id,
+        fields: dict[str, object] = {
+                  "queue": sub.queue, "context": sub.req.context_id,
                   "fence": sub.req.fence_seq, "status": _STATUS_NAME[sub.status],
                   "error_offset": sub.error_offset, "engine": sub.engine,
                   "start_ns": start, "end_ns": end}
