@@ -468,26 +468,26 @@ class Va1Device(VirtioDevice):
 
     def _prepare(self, sub: Submission) -> tuple[Status, int, list[Command]]:
         """Submission checks in spec order, then the whole command buffer."""
-        req = sub.req
-        ctx = self.contexts.get(req.context_id)
+        cid, flags, addr, n, reserved, _ = sub.req
+        ctx = self.contexts.get(cid)
         if ctx is None:
             return Status.BAD_CONTEXT, NO_OFFSET, []
         if ctx.faulted:
             return Status.CONTEXT_FAULTED, NO_OFFSET, []
-        if req.flags or req.reserved:
+        if flags or reserved:
             return Status.BAD_REQUEST, NO_OFFSET, []
-        if req.cmdbuf_len == 0 or req.cmdbuf_len % 8:
+        if n == 0 or n % 8:
             return Status.BAD_REQUEST, NO_OFFSET, []
-        if req.cmdbuf_len > self.config.max_cmdbuf_size:
+        if n > self.config.max_cmdbuf_size:
             return Status.CMDBUF_TOO_LARGE, NO_OFFSET, []
-        addr, n = req.cmdbuf_addr, req.cmdbuf_len
         if addr + n > _U64:
             return Status.DMA_FAULT, NO_OFFSET, []
         dma = self.dma
         w = self._win
         if (dma is w.dma and dma.view_epoch == w.epoch  # type: ignore[attr-defined]
                 and w.lo <= addr and addr + n <= w.hi or w.cover(dma, addr, n)):
-            buf = w.mem[addr - w.lo:addr - w.lo + n].tobytes()
+            off = addr - w.lo
+            buf = w.mem[off:off + n].tobytes()
         else:
             try:
                 buf = dma.read(addr, n)

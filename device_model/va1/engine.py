@@ -299,8 +299,7 @@ class CommandProcessor:
         sched = self.sched
         fs = self.fs
         assert sched is not None
-        functions = sched.functions
-        if (len(functions) != 1 or functions[0] is not fs or sched._dispatching
+        if (sched.lone is not fs or sched._dispatching
                 or fs.running or self.sleeping or fs.stopped or not fs.bus_master
                 or any(self.pending) or any(self.resume)):   # has_work()
             return False
@@ -486,7 +485,7 @@ class CommandProcessor:
         cmds = run.cmds
         sched = self.sched
         assert sched is not None
-        shared = len(sched.functions) > 1
+        shared = sched.lone is not fs
         metrics = self.metrics
         while run.next < len(cmds):
             cmd = cmds[run.next]
@@ -529,7 +528,8 @@ class CommandProcessor:
                 run.t, run.next = t, i
                 if rows:  # one `cmd` event per command, as below, handed over in one call
                     self._emit_each("cmd", _CMD_FIELDS, rows)
-                if i > start_i:
+                    if i == n:
+                        break   # every command applied: the loop's test would end it
                     continue
             if run.cur_end < 0:
                 # A command boundary at run.t.
@@ -601,12 +601,13 @@ class CommandProcessor:
             metrics.commands += 1
             metrics.dma_bytes += cmd.host_bytes
             if cmd.path:
-                self.tracer.emit("cmd", opcode=_OPNAME[cmd.opcode], offset=cmd.offset, start_ns=start,
-                     end_ns=end, engine=sub.engine, queue=sub.queue,
-                     path="/".join(map(str, cmd.path)))
+                self.tracer.emit("cmd", opcode=_OPNAME[cmd.opcode], offset=cmd.offset,
+                                 start_ns=start, end_ns=end, engine=sub.engine,
+                                 queue=sub.queue, path="/".join(map(str, cmd.path)))
             else:
-                self.tracer.emit("cmd", opcode=_OPNAME[cmd.opcode], offset=cmd.offset, start_ns=start,
-                     end_ns=end, engine=sub.engine, queue=sub.queue)
+                self.tracer.emit("cmd", opcode=_OPNAME[cmd.opcode], offset=cmd.offset,
+                                 start_ns=start, end_ns=end, engine=sub.engine,
+                                 queue=sub.queue)
             run.t, run.cur_end = end, -1
             run.next += 1
         if run.next < len(cmds):

@@ -459,3 +459,26 @@ def test_submission_and_run_start_from_their_defaults() -> None:
     other = _Run(sub, 0, rig.dev.processor, 9)
     run.next = 3
     assert other.next == 0 and "queue=2" in repr(sub)
+
+
+class _Idle:
+    """A function's processor with nothing to do (what the scheduler asks of one)."""
+
+    def has_work(self) -> bool:
+        return False
+
+    def startable(self) -> bool:
+        return False
+
+
+def test_the_scheduler_keeps_its_lone_function_through_register_and_unregister() -> None:
+    sched = Scheduler(2)
+    assert sched.lone is None
+    a = sched.register(_Idle(), 0)  # type: ignore[arg-type]
+    assert sched.lone is a and not sched.competitor_waiting(a, True)
+    b = sched.register(_Idle(), 1)  # type: ignore[arg-type]
+    assert sched.lone is None
+    sched.unregister(a)
+    assert sched.lone is b and sched.functions == [b]
+    sched.unregister(b)
+    assert sched.lone is None and sched.functions == []
