@@ -483,11 +483,12 @@ class CommandProcessor:
         sub = run.sub
         fs = self.fs
         cmds = run.cmds
+        n = len(cmds)   # a run's commands never change
         sched = self.sched
         assert sched is not None
         shared = sched.lone is not fs
         metrics = self.metrics
-        while run.next < len(cmds):
+        while run.next < n:
             cmd = cmds[run.next]
             if (cmd.opcode in _TIME_ONLY and run.cur_end < 0 and not shared
                     and not fs.stopped and fs.bus_master  # not fs.halted
@@ -498,7 +499,6 @@ class CommandProcessor:
                 # move the horizon).
                 i = start_i = run.next
                 t = run.t
-                n = len(cmds)
                 timeout = fs.preemption_timeout_ns
                 weight = fs.weight
                 engine, queue = sub.engine, sub.queue
@@ -522,8 +522,8 @@ class CommandProcessor:
                     t = e
                     i += 1
                 fs.vt = vt
-                fs.busy_ns += t - t0
-                metrics.device_time_ns += t - t0
+                fs.busy_ns += (d := t - t0)
+                metrics.device_time_ns += d
                 metrics.commands += i - start_i
                 run.t, run.next = t, i
                 if rows:  # one `cmd` event per command, as below, handed over in one call
@@ -561,7 +561,7 @@ class CommandProcessor:
             if end > now and not (BREAKS and "write/early-signal" in BREAKS):
                 if cmd.opcode in _HOST_WRITES:
                     break   # a guest may poll what it writes: applied at its end time
-                if run.next == len(cmds) - 1 and cmd.cost_ns >= _DEFER_LAST_MIN_NS:
+                if run.next == n - 1 and cmd.cost_ns >= _DEFER_LAST_MIN_NS:
                     # A big last command is applied exactly at its end time, in the same
                     # event as the completion (due then anyway): no extra event, same
                     # virtual times, and the guest's way into its wait runs before the big
@@ -589,7 +589,7 @@ class CommandProcessor:
                                  **({"path": "/".join(map(str, cmd.path))} if cmd.path else {}))
                 self._charge(end - start)
                 run.t, run.cur_end = end, -1
-                run.next = len(cmds)
+                run.next = n
                 break
             except Exception as e:  # a kernel failed (MemoryError, a bug): this command
                 self._device_error(run, cmd, end, e)
@@ -610,12 +610,12 @@ class CommandProcessor:
                                  queue=sub.queue)
             run.t, run.cur_end = end, -1
             run.next += 1
-        if run.next < len(cmds):
+        if run.next < n:
             self.schedule(run.cur_end - now, partial(self._step, run), "va1-cmd")
             return
-        sub.end_ns = run.t
-        if sub.end_ns > now:
-            self.schedule(sub.end_ns - now, partial(self._finish, run), "va1-submit-end")
+        done = sub.end_ns = run.t
+        if done > now:
+            self.schedule(done - now, partial(self._finish, run), "va1-submit-end")
         else:
             self._finish(run)
 
