@@ -335,8 +335,8 @@ class CommandProcessor:
         The queue: round robin across contexts (the next context id after the last one
         started, among the heads of the startable queues), then across queues."""
         n = len(self.queues)
-        busy, resume, pending = self.busy, self.resume, self.pending
         if slot is None:
+            busy, resume, pending = self.busy, self.resume, self.pending
             best_key = None
             last = self._last_ctx
             for i in range(n):
@@ -361,14 +361,15 @@ class CommandProcessor:
             run = None
             self._last_ctx = sub.req.context_id
         else:
-            run = resume[slot]
-            self._last_ctx = (run.sub if run is not None else pending[slot][0]).req.context_id
+            run = self.resume[slot]
+            self._last_ctx = (run.sub if run is not None
+                              else self.pending[slot][0]).req.context_id
         self._rr = (slot + 1) % n
-        busy[slot] = True
+        self.busy[slot] = True
         self.fs.running += 1
         now = self.clock.now_ns()
         if run is not None:
-            resume[slot] = None
+            self.resume[slot] = None
             run.t = now
             run.slice_start = now
             run.sub.engine = engine
@@ -379,7 +380,7 @@ class CommandProcessor:
             self._step(run, now)
             return
         if sub is None:
-            sub = pending[slot].popleft()
+            sub = self.pending[slot].popleft()
         sub.start_ns = now
         sub.engine = engine
         run = _Run(sub, slot, self, now)
