@@ -87,10 +87,30 @@ class Tracer(Protocol):
     # def emit_each(self, kind: str, names: tuple[str, ...], rows: list[tuple]) -> None:
     #     One event per row, all at the current time, in order; the same events as
     #     emit(kind, **dict(zip(names, row))) for each row.
+    # def emit_plain(self, kind: str, fields: dict[str, object]) -> None:
+    #     emit(kind, **fields) for values that are plain by construction (ints the
+    #     device numbered or unpacked, strs from its own tables) or whose exact type
+    #     (int, str, bool) the caller has just tested; `fields` is a fresh dict per
+    #     call, in field order, and is kept. Reach it through `plain_emitter`.
+
+
+def plain_emitter(tracer: Tracer) -> Callable[[str, dict[str, object]], None]:
+    """The tracer's emit_plain when it has one, else its emit taking the same dict."""
+    plain = getattr(tracer, "emit_plain", None)
+    if plain is not None:
+        return plain  # type: ignore[no-any-return]
+    emit = tracer.emit
+
+    def emit_fields(kind: str, fields: dict[str, object]) -> None:
+        emit(kind, **fields)
+    return emit_fields
 
 
 class NullTracer:
     def emit(self, kind: str, **fields: object) -> None:
+        return None
+
+    def emit_plain(self, kind: str, fields: dict[str, object]) -> None:
         return None
 
 

@@ -435,8 +435,9 @@ class Va1Device(VirtioDevice):
 
     def _drain_submitq(self, qi: int) -> None:
         q = self.queues[qi]
+        dma = self.dma
         # self._live() inlined: this loop runs for every submission
-        while self.active and not self.broken and (chain := q.pop(self.dma)) is not None:
+        while self.active and not self.broken and (chain := q.pop(dma)) is not None:
             if (chain.readable_len < _SUBMIT_REQ_SIZE
                     or chain.writable_len < _SUBMIT_RESP_SIZE):
                 self.tracer.emit("bad_request", queue=qi, head=chain.head)
@@ -444,15 +445,15 @@ class Va1Device(VirtioDevice):
                 continue
             rd = chain.readable
             w = self._win
-            if (len(rd) == 1 and self.dma is w.dma
-                    and self.dma.view_epoch == w.epoch  # type: ignore[attr-defined]
+            if (len(rd) == 1 and dma is w.dma
+                    and dma.view_epoch == w.epoch  # type: ignore[attr-defined]
                     and w.lo <= (addr := rd[0][0]) and addr + _SUBMIT_REQ_SIZE <= w.hi):
                 # the usual request, one buffer inside the window: chain.read's own
                 # window read, and unpacked in place
                 req = _new_tuple(SubmitRequest, unpack_submit_from(w.mem, addr - w.lo))
             else:
                 try:
-                    raw = chain.read(self.dma, _SUBMIT_REQ_SIZE, w)
+                    raw = chain.read(dma, _SUBMIT_REQ_SIZE, w)
                 except DmaFault as e:
                     raise RingError("ring/dma", f"submit request: {e}") from None
                 req = SubmitRequest.unpack(raw)
@@ -467,26 +468,26 @@ class Va1Device(VirtioDevice):
 
     def _prepare(self, sub: Submission) -> tuple[Status, int, list[Command]]:
         """Submission checks in spec order, then the whole command buffer."""
-        req = sub.req
-        ctx = self.contexts.get(req.context_id)
+        cid, flags, addr, n, reserved, _ = sub.req
+        ctx = self.contexts.get(cid)
         if ctx is None:
             return Status.BAD_CONTEXT, NO_OFFSET, []
         if ctx.faulted:
             return Status.CONTEXT_FAULTED, NO_OFFSET, []
-        if req.flags or req.reserved:
+        if flags or reserved:
             return Status.BAD_REQUEST, NO_OFFSET, []
-        if req.cmdbuf_len == 0 or req.cmdbuf_len % 8:
+        if n == 0 or n % 8:
             return Status.BAD_REQUEST, NO_OFFSET, []
-        if req.cmdbuf_len > self.config.max_cmdbuf_size:
+        if n > self.config.max_cmdbuf_size:
             return Status.CMDBUF_TOO_LARGE, NO_OFFSET, []
-        addr, n = req.cmdbuf_addr, req.cmdbuf_len
         if addr + n > _U64:
             return Status.DMA_FAULT, NO_OFFSET, []
         dma = self.dma
         w = self._win
         if (dma is w.dma and dma.view_epoch == w.epoch  # type: ignore[attr-defined]
                 and w.lo <= addr and addr + n <= w.hi or w.cover(dma, addr, n)):
-            buf = w.mem[addr - w.lo:addr - w.lo + n].tobytes()
+            off = addr - w.lo
+            buf = w.mem[off:off + n].tobytes()
         else:
             try:
                 buf = dma.read(addr, n)
@@ -529,15 +530,16 @@ class Va1Device(VirtioDevice):
             q = self.queues[qi]
             wr = chain.writable
             w = self._win
+            dma = self.dma
             if (chain.ring is q and len(wr) == 1 and wr[0][1] >= _SUBMIT_RESP_SIZE
-                    and self.dma is w.dma
-                    and self.dma.view_epoch == w.epoch  # type: ignore[attr-defined]
+                    and dma is w.dma
+                    and dma.view_epoch == w.epoch  # type: ignore[attr-defined]
                     and w.lo <= (addr := wr[0][0]) and addr + _SUBMIT_RESP_SIZE <= w.hi):
                 # _return_chain for the usual reply: not stale, one buffer that holds
                 # it inside the window (chain.write's own window write), packed in place
                 pack_submit_resp_into(w.mem, addr - w.lo, sub.status, sub.error_offset,
                                       sub.req.fence_seq, sub.start_ns, sub.end_ns)
-                if (q.push_used_interrupt(self.dma, chain.head, _SUBMIT_RESP_SIZE)
+                if (q.push_used_interrupt(dma, chain.head, _SUBMIT_RESP_SIZE)
                         and self.interrupt is not None):
                     self.interrupt.signal_used(qi)
             else:

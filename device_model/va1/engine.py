@@ -28,10 +28,9 @@ another function or another tenant's guest.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
 from functools import partial
 from operator import attrgetter
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -39,7 +38,7 @@ from hwspec import isa
 from hwspec.isa import Opcode
 from hwspec.va1 import NO_OFFSET, Status
 
-from ..ports import Clock, DmaFault, DmaPort, Timer, Tracer
+from ..ports import Clock, DmaFault, DmaPort, Timer, Tracer, plain_emitter
 from ..testing_breaks import BREAKS
 from ..virtio.ring import DescriptorChain
 from .commands import OPS, Command
@@ -62,9 +61,10 @@ _CMD_FIELDS = ("opcode", "offset", "start_ns", "end_ns", "engine", "queue")
 
 # --- scheduling ----------------------------------------------------------------------
 
-@dataclass(slots=True)
 class Submission:
-    """One submit request on its way through a queue."""
+    """One submit request on its way through a queue. One is made per request: the
+    fields after `req` start at their class defaults, so construction sets three."""
+
     queue: int                    # virtqueue index
     chain: DescriptorChain
     req: SubmitRequest
@@ -74,22 +74,39 @@ class Submission:
     end_ns: int = 0
     engine: int = -1
 
+    def __init__(self, queue: int, chain: DescriptorChain, req: SubmitRequest) -> None:
+        self.queue = queue
+        self.chain = chain
+        self.req = req
 
-@dataclass(slots=True)
+    def __repr__(self) -> str:
+        return (f"Submission(queue={self.queue}, req={self.req}, status={self.status.name}, "
+                f"engine={self.engine}, start_ns={self.start_ns}, end_ns={self.end_ns})")
+
+
 class _Run:
+    """A submission on (or waiting for) an engine. One is made per started submission:
+    the fields after `t` start at their class defaults."""
+
     sub: Submission
     slot: int                     # position of the queue in the processor
     proc: "CommandProcessor"
-    cmds: list[Command] = field(default_factory=list)
+    t: int                        # start time of command `next`
+    slice_start: int              # when this run got its current engine
+    cmds: Sequence[Command] = ()  # set once its submission is prepared
     next: int = 0
-    t: int = 0                    # start time of command `next`
     cur_end: int = -1             # end of command `next` once committed (-1: not yet)
-    slice_start: int = 0          # when this run got its current engine
     timed_out: bool = False
     wait_first: int = -1          # first poll of the current WAIT
     wait_polls: int = 0
     dropped: bool = False         # its queue was reset (RING_RESET): never goes on
     math: bool = True             # holds a command that computes (not only time-only ones)
+
+    def __init__(self, sub: Submission, slot: int, proc: "CommandProcessor", t: int) -> None:
+        self.sub = sub
+        self.slot = slot
+        self.proc = proc
+        self.t = self.slice_start = t
 
 
 Prepare = Callable[[Submission], "tuple[Status, int, list[Command]]"]
@@ -129,6 +146,7 @@ class CommandProcessor:
         # The tracer's batch form when it has one (ports.Tracer), else one emit per row.
         each = getattr(tracer, "emit_each", None)
         self._in_errstate = False   # _step: inside np.errstate(all="ignore")
+        self._emit_plain = plain_emitter(tracer)
         self._emit_each: Callable[[str, tuple[str, ...], list[tuple]], None] = (  # type: ignore[type-arg]
             each if each is not None else self._emit_rows)
         self.sched: Scheduler | None = None
@@ -181,19 +199,19 @@ class CommandProcessor:
 
     def schedule(self, delay_ns: int, callback: Callable[[], None], label: str) -> None:
         """A cancellable event that is dropped by reset()."""
-        epoch = self._epoch
         key = self._timer_seq
-        self._timer_seq += 1
+        self._timer_seq = key + 1
+        self._timers[key] = self.clock.schedule(
+            max(0, delay_ns), partial(self._fire, key, self._epoch, callback), label)
 
-        def fire() -> None:
-            self._timers.pop(key, None)
-            if epoch == self._epoch:
-                try:
-                    callback()
-                except Exception as e:  # never into the platform's event loop
-                    self.failed(e)
-
-        self._timers[key] = self.clock.schedule(max(0, delay_ns), fire, label)
+    def _fire(self, key: int, epoch: int, callback: Callable[[], None]) -> None:
+        """An event of `schedule`: runs `callback` unless reset() came in between."""
+        self._timers.pop(key, None)
+        if epoch == self._epoch:
+            try:
+                callback()
+            except Exception as e:  # never into the platform's event loop
+                self.failed(e)
 
     def failed(self, exc: Exception) -> None:
         """An unexpected failure outside any one command (a bug in the processor or in
@@ -281,8 +299,7 @@ class CommandProcessor:
         sched = self.sched
         fs = self.fs
         assert sched is not None
-        functions = sched.functions
-        if (len(functions) != 1 or functions[0] is not fs or sched._dispatching
+        if (sched.lone is not fs or sched._dispatching
                 or fs.running or self.sleeping or fs.stopped or not fs.bus_master
                 or any(self.pending) or any(self.resume)):   # has_work()
             return False
@@ -293,14 +310,14 @@ class CommandProcessor:
         # enqueue: became_active, where min_active_vt of a lone function is 0.0
         fs.vt = max(fs.vt, 0.0)
         sched._active[fs.index] = fs
-        self.pending[slot].append(sub)
         # dispatch: the first free engine to the only function; start_next: the only
-        # queue with work. Nested dispatches wait for the end of the start, as in
+        # queue with work, where `sub` would be queued alone (so it is handed over
+        # without the queue). Nested dispatches wait for the end of the start, as in
         # dispatch, which then looks again only if one was asked for.
         sched._dispatching = True
         sched._again = False
         try:
-            self.start_next(engines.index(None), slot)
+            self.start_next(engines.index(None), slot, sub)
         except Exception as e:  # as in dispatch: this function alone fails
             self.failed(e)
         finally:
@@ -309,15 +326,17 @@ class CommandProcessor:
             sched.dispatch()
         return True
 
-    def start_next(self, engine: int, slot: int | None = None) -> None:
+    def start_next(self, engine: int, slot: int | None = None,
+                   sub: Submission | None = None) -> None:
         """The scheduler gave us `engine`: start (or resume) our next queue's work
-        (`slot`: the caller knows it is the only startable queue).
+        (`slot`: the caller knows it is the only startable queue; `sub`: with `slot`,
+        the submission that would be alone in it, not queued, with no run to resume).
 
         The queue: round robin across contexts (the next context id after the last one
         started, among the heads of the startable queues), then across queues."""
         n = len(self.queues)
-        busy, resume, pending = self.busy, self.resume, self.pending
         if slot is None:
+            busy, resume, pending = self.busy, self.resume, self.pending
             best_key = None
             last = self._last_ctx
             for i in range(n):
@@ -337,14 +356,18 @@ class CommandProcessor:
             if slot is None or best_key is None:  # pragma: no cover - startable() was asked
                 return
             self._last_ctx = best_key[1]
-        else:
             run = resume[slot]
-            self._last_ctx = (run.sub if run is not None else pending[slot][0]).req.context_id
+        elif sub is not None:
+            run = None
+            self._last_ctx = sub.req.context_id
+        else:
+            run = self.resume[slot]
+            self._last_ctx = (run.sub if run is not None
+                              else self.pending[slot][0]).req.context_id
         self._rr = (slot + 1) % n
         self.busy[slot] = True
         self.fs.running += 1
         now = self.clock.now_ns()
-        run = resume[slot]
         if run is not None:
             self.resume[slot] = None
             run.t = now
@@ -356,13 +379,19 @@ class CommandProcessor:
                              engine=engine, start_ns=now)
             self._step(run, now)
             return
-        sub = self.pending[slot].popleft()
+        if sub is None:
+            sub = self.pending[slot].popleft()
         sub.start_ns = now
         sub.engine = engine
-        run = _Run(sub, slot, self, t=now, slice_start=now)
+        run = _Run(sub, slot, self, now)
         self.engines[engine] = run
-        self.tracer.emit("submit_start", queue=sub.queue, context=sub.req.context_id,
-                         fence=sub.req.fence_seq, engine=engine, start_ns=now)
+        fields: dict[str, object] = {
+            "queue": sub.queue, "context": sub.req.context_id, "fence": sub.req.fence_seq,
+            "engine": engine, "start_ns": now}
+        if type(now) is int:   # the clock's; the others the device's own ints
+            self._emit_plain("submit_start", fields)
+        else:
+            self.tracer.emit("submit_start", **fields)
         try:
             status, offset, cmds = self._prepare(sub)
         except Exception as e:  # a device bug or host failure: this submission fails
@@ -455,12 +484,12 @@ class CommandProcessor:
         sub = run.sub
         fs = self.fs
         cmds = run.cmds
+        n = len(cmds)   # a run's commands never change
         sched = self.sched
         assert sched is not None
-        shared = len(sched.functions) > 1
+        shared = sched.lone is not fs
         metrics = self.metrics
-        emit = self.tracer.emit
-        while run.next < len(cmds):
+        while run.next < n:
             cmd = cmds[run.next]
             if (cmd.opcode in _TIME_ONLY and run.cur_end < 0 and not shared
                     and not fs.stopped and fs.bus_master  # not fs.halted
@@ -471,7 +500,6 @@ class CommandProcessor:
                 # move the horizon).
                 i = start_i = run.next
                 t = run.t
-                n = len(cmds)
                 timeout = fs.preemption_timeout_ns
                 weight = fs.weight
                 engine, queue = sub.engine, sub.queue
@@ -495,13 +523,14 @@ class CommandProcessor:
                     t = e
                     i += 1
                 fs.vt = vt
-                fs.busy_ns += t - t0
-                metrics.device_time_ns += t - t0
+                fs.busy_ns += (d := t - t0)
+                metrics.device_time_ns += d
                 metrics.commands += i - start_i
                 run.t, run.next = t, i
                 if rows:  # one `cmd` event per command, as below, handed over in one call
                     self._emit_each("cmd", _CMD_FIELDS, rows)
-                if i > start_i:
+                    if i == n:
+                        break   # every command applied: the loop's test would end it
                     continue
             if run.cur_end < 0:
                 # A command boundary at run.t.
@@ -533,7 +562,7 @@ class CommandProcessor:
             if end > now and not (BREAKS and "write/early-signal" in BREAKS):
                 if cmd.opcode in _HOST_WRITES:
                     break   # a guest may poll what it writes: applied at its end time
-                if run.next == len(cmds) - 1 and cmd.cost_ns >= _DEFER_LAST_MIN_NS:
+                if run.next == n - 1 and cmd.cost_ns >= _DEFER_LAST_MIN_NS:
                     # A big last command is applied exactly at its end time, in the same
                     # event as the completion (due then anyway): no extra event, same
                     # virtual times, and the guest's way into its wait runs before the big
@@ -561,7 +590,7 @@ class CommandProcessor:
                                  **({"path": "/".join(map(str, cmd.path))} if cmd.path else {}))
                 self._charge(end - start)
                 run.t, run.cur_end = end, -1
-                run.next = len(cmds)
+                run.next = n
                 break
             except Exception as e:  # a kernel failed (MemoryError, a bug): this command
                 self._device_error(run, cmd, end, e)
@@ -573,20 +602,21 @@ class CommandProcessor:
             metrics.commands += 1
             metrics.dma_bytes += cmd.host_bytes
             if cmd.path:
-                emit("cmd", opcode=_OPNAME[cmd.opcode], offset=cmd.offset, start_ns=start,
-                     end_ns=end, engine=sub.engine, queue=sub.queue,
-                     path="/".join(map(str, cmd.path)))
+                self.tracer.emit("cmd", opcode=_OPNAME[cmd.opcode], offset=cmd.offset,
+                                 start_ns=start, end_ns=end, engine=sub.engine,
+                                 queue=sub.queue, path="/".join(map(str, cmd.path)))
             else:
-                emit("cmd", opcode=_OPNAME[cmd.opcode], offset=cmd.offset, start_ns=start,
-                     end_ns=end, engine=sub.engine, queue=sub.queue)
+                self.tracer.emit("cmd", opcode=_OPNAME[cmd.opcode], offset=cmd.offset,
+                                 start_ns=start, end_ns=end, engine=sub.engine,
+                                 queue=sub.queue)
             run.t, run.cur_end = end, -1
             run.next += 1
-        if run.next < len(cmds):
+        if run.next < n:
             self.schedule(run.cur_end - now, partial(self._step, run), "va1-cmd")
             return
-        sub.end_ns = run.t
-        if sub.end_ns > now:
-            self.schedule(sub.end_ns - now, partial(self._finish, run), "va1-submit-end")
+        done = sub.end_ns = run.t
+        if done > now:
+            self.schedule(done - now, partial(self._finish, run), "va1-submit-end")
         else:
             self._finish(run)
 
@@ -683,9 +713,15 @@ class CommandProcessor:
         self.busy[run.slot] = False
         self.fs.running -= 1
         self.metrics.submissions += 1
-        self.tracer.emit("submit_end", queue=sub.queue, context=sub.req.context_id,
-                         fence=sub.req.fence_seq, status=_STATUS_NAME[sub.status],
-                         error_offset=sub.error_offset, engine=sub.engine,
-                         start_ns=sub.start_ns, end_ns=sub.end_ns)
+        start, end = sub.start_ns, sub.end_ns
+        fields: dict[str, object] = {
+                  "queue": sub.queue, "context": sub.req.context_id,
+                  "fence": sub.req.fence_seq, "status": _STATUS_NAME[sub.status],
+                  "error_offset": sub.error_offset, "engine": sub.engine,
+                  "start_ns": start, "end_ns": end}
+        if type(start) is int is type(end):   # the clock's; the others the device's own
+            self._emit_plain("submit_end", fields)
+        else:
+            self.tracer.emit("submit_end", **fields)
         self._complete(sub)
         self.sched.dispatch()  # type: ignore[union-attr]

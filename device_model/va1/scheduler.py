@@ -73,6 +73,9 @@ class Scheduler:
         self.num_engines = num_engines
         self.engines: list["_Run | None"] = [None] * num_engines
         self.functions: list[FunctionSched] = []
+        # The only function when there is exactly one (else None): kept by register and
+        # unregister, the only places `functions` changes.
+        self.lone: FunctionSched | None = None
         # function index -> the function, for every function that has work or runs (it
         # may also hold idle ones: the pick in `dispatch` drops them). Entered by `became_active`.
         self._active: dict[int, FunctionSched] = {}
@@ -84,14 +87,20 @@ class Scheduler:
         fs.vt = self.min_active_vt(fs)
         self.functions.append(fs)
         self.functions.sort(key=lambda f: f.index)
+        self._set_lone()
         return fs
 
     def unregister(self, fs: FunctionSched) -> None:
         if fs in self.functions:
             self.functions.remove(fs)
+            self._set_lone()
         if self._active.get(fs.index) is fs:
             del self._active[fs.index]
         self.dispatch()
+
+    def _set_lone(self) -> None:
+        functions = self.functions
+        self.lone = functions[0] if len(functions) == 1 else None
 
     # --- WFQ bookkeeping ----------------------------------------------------------------
 
@@ -122,7 +131,7 @@ class Scheduler:
         """Should a run of `fs` yield its engine at this boundary?"""
         if fs.halted:
             return True
-        if len(self.functions) == 1:
+        if self.lone is not None:
             return False
         prio = fs.priority
         for f in self._active.values():
@@ -150,12 +159,11 @@ class Scheduler:
             self._again = True
             return
         active = self._active
-        functions = self.functions
-        if len(functions) == 1 and not functions[0].processor.has_work():
+        lone = self.lone
+        if lone is not None and not lone.processor.has_work():
             # A lone function with nothing to start (the active set holds registered
             # functions only): all the pick would do is drop it from the active set if
             # an engine is free and it runs nothing.
-            lone = functions[0]
             if not lone.running and None in self.engines:
                 active.pop(lone.index, None)
             return

@@ -9,7 +9,7 @@ from __future__ import annotations
 from hwspec import virtio as V
 from hwspec import virtio_mmio as R
 
-from ..ports import IrqLine, NullTracer, Tracer
+from ..ports import IrqLine, NullTracer, Tracer, plain_emitter
 from .device import VirtioDevice
 from .queue import Queue
 from .status import TransportCore, Violation
@@ -37,6 +37,7 @@ class MmioTransport(TransportCore):
         self.device = device
         self.irq = irq
         self.tracer: Tracer = tracer if tracer is not None else NullTracer()
+        self._emit_plain = plain_emitter(self.tracer)
         self.violations: list[Violation] = []
         self.queues: list[Queue] = [Queue(n) for n in device.queue_max_sizes()]
         self._irq_level = False
@@ -59,7 +60,8 @@ class MmioTransport(TransportCore):
 
     def signal_used(self, queue_index: int) -> None:
         self.interrupt_status |= R.INT_VRING   # _raise(R.INT_VRING), without its frame
-        self.tracer.emit("irq", bits=R.INT_VRING, status=self.interrupt_status)
+        # both the transport's own ints
+        self._emit_plain("irq", {"bits": R.INT_VRING, "status": self.interrupt_status})
         if not self._irq_level:
             self._irq_level = True
             self.irq.set_level(True)

@@ -32,6 +32,9 @@ _USED_ELEM_INTO = struct.Struct(V.USED_ELEM.format).pack_into
 _DESC_SIZE = V.DESC.size
 _USED_ELEM_FMT = V.USED_ELEM.format
 _USED_ELEM_SIZE = V.USED_ELEM.size
+_AVAIL_ELEM = V.AVAIL_ELEM
+_F_NEXT, _F_WRITE, _F_INDIRECT = V.DESC_F_NEXT, V.DESC_F_WRITE, V.DESC_F_INDIRECT
+_TWO_DESC = 2 * _DESC_SIZE
 
 
 def vring_need_event(event_idx: int, new_idx: int, old_idx: int) -> bool:
@@ -77,6 +80,16 @@ class SplitRing:
         self._used_elems_at = self.used_ring + V.USED_HEADER
         self._lo = min(a for a, _, _ in self._areas)
         self._span = max(a + n for a, n, _ in self._areas) - self._lo
+        # The same fields' offsets in the ring view (_ring_mem: offset 0 = `_lo`).
+        lo = self._lo
+        self._desc_off = self.desc_table - lo
+        self._avail_flags_off = self.avail_ring - lo
+        self._avail_idx_off = self._avail_idx_at - lo
+        self._avail_elems_off = self._avail_elems_at - lo
+        self._used_event_off = self._used_event_at - lo
+        self._used_idx_off = self.used_ring + 2 - lo
+        self._used_elems_off = self._used_elems_at - lo
+        self._avail_event_off = self._avail_event_at - lo
         self._mem: memoryview | None = None   # see _ring_mem
         self._mem_dma: object = None
         self._mem_epoch = -1
@@ -161,20 +174,19 @@ class SplitRing:
             mem = self._ring_mem(dma)
         if mem is not None:
             # Through the ring view: the same checks in the same order as below.
-            lo = self._lo
             last = self.last_avail_idx
-            n = (_U16_FROM(mem, self._avail_idx_at - lo)[0] - last) & 0xFFFF
-            if n > self.size and not (BREAKS and "ring/skip-avail-idx-check" in BREAKS):
+            size = self.size
+            n = (_U16_FROM(mem, self._avail_idx_off)[0] - last) & 0xFFFF
+            if n > size and not (BREAKS and "ring/skip-avail-idx-check" in BREAKS):
                 raise RingError("ring/avail-idx-jump",
-                                f"avail.idx moved {n} past {last} (queue size {self.size})")
+                                f"avail.idx moved {n} past {last} (queue size {size})")
             if n == 0:
                 self.drained = False
                 if self.event_idx:
-                    _U16_INTO(mem, self._avail_event_at - lo, last)
+                    _U16_INTO(mem, self._avail_event_off, last)
                 return None
-            head = _U16_FROM(mem, self._avail_elems_at + V.AVAIL_ELEM * (last % self.size)
-                             - lo)[0]
-            if head >= self.size and not (BREAKS and "ring/skip-index-range" in BREAKS):
+            head = _U16_FROM(mem, self._avail_elems_off + _AVAIL_ELEM * (last % size))[0]
+            if head >= size and not (BREAKS and "ring/skip-index-range" in BREAKS):
                 raise RingError("ring/head-range", f"head {head} >= queue size {self.size}")
             if self._order is not None:
                 if head != self._next_desc:
@@ -187,15 +199,14 @@ class SplitRing:
                 # readable buffer, NEXT to entry 1, a writable one) and both buffers lie
                 # in the walk's valid window. Every check of _walk passes for it (the
                 # window lies below 2^64); it builds the same chain. Anything else: _walk.
-                addr, length, flags, _ = _DESC_FROM(mem, self.desc_table + _DESC_SIZE * head
-                                                    - lo)
+                addr, length, flags, _ = _DESC_FROM(mem, self._desc_off + _DESC_SIZE * head)
                 w = self._bufs
-                if (flags == V.DESC_F_INDIRECT and length == 2 * _DESC_SIZE and self.indirect
+                if (flags == _F_INDIRECT and length == _TWO_DESC and self.indirect
                         and dma is w.dma and w.epoch == self._mem_epoch
                         and w.lo <= addr and addr + length <= w.hi):
                     wlo, whi = w.lo, w.hi
                     ra, rn, rf, rnext, wa, wn, wf, _ = _TWO_DESC_FROM(w.mem, addr - wlo)
-                    if (rf == V.DESC_F_NEXT and rnext == 1 and wf == V.DESC_F_WRITE
+                    if (rf == _F_NEXT and rnext == 1 and wf == _F_WRITE
                             and rn and wlo <= ra and ra + rn <= whi
                             and wn and wlo <= wa and wa + wn <= whi):
                         chain = _new_chain(DescriptorChain)
@@ -209,7 +220,7 @@ class SplitRing:
                     chain = self._walk(dma, head, mem)
             last = self.last_avail_idx = (last + 1) & 0xFFFF
             if self.event_idx:
-                _U16_INTO(mem, self._avail_event_at - lo, last)
+                _U16_INTO(mem, self._avail_event_off, last)
             self.drained = n == 1
             return chain
         self.drained = False
@@ -368,10 +379,9 @@ class SplitRing:
         for elem_id, elem_len, count in batches:
             elem = self._used_elems_at + _USED_ELEM_SIZE * (self.next_used_idx % self.size)
             if mem is not None:
-                lo = self._lo
-                _USED_ELEM_INTO(mem, elem - lo, elem_id, elem_len)
+                _USED_ELEM_INTO(mem, elem - self._lo, elem_id, elem_len)
                 self.next_used_idx = (self.next_used_idx + count) & 0xFFFF
-                _U16_INTO(mem, self.used_ring + 2 - lo, self.next_used_idx)
+                _U16_INTO(mem, self._used_idx_off, self.next_used_idx)
                 continue
             self._write(dma, elem, struct.pack(_USED_ELEM_FMT, elem_id, elem_len), "used.ring")
             self.next_used_idx = (self.next_used_idx + count) & 0xFFFF
@@ -385,20 +395,19 @@ class SplitRing:
         if (self._order is None and dma is self._mem_dma
                 and dma.view_epoch == self._mem_epoch  # type: ignore[attr-defined]
                 and (mem := self._mem) is not None):
-            lo = self._lo
             old = self.next_used_idx
-            _USED_ELEM_INTO(mem, self._used_elems_at + _USED_ELEM_SIZE * (old % self.size) - lo,
+            _USED_ELEM_INTO(mem, self._used_elems_off + _USED_ELEM_SIZE * (old % self.size),
                             head, length)
             new = self.next_used_idx = (old + 1) & 0xFFFF
-            _U16_INTO(mem, self.used_ring + 2 - lo, new)
+            _U16_INTO(mem, self._used_idx_off, new)
             old = self._signalled_used
             self._signalled_used = new
             if old == new:
                 return False
             if self.event_idx:   # vring_need_event, inline
-                event: int = _U16_FROM(mem, self._used_event_at - lo)[0]
+                event: int = _U16_FROM(mem, self._used_event_off)[0]
                 return ((new - event - 1) & 0xFFFF) < ((new - old) & 0xFFFF)
-            return not _U16_FROM(mem, self.avail_ring - lo)[0] & V.AVAIL_F_NO_INTERRUPT
+            return not _U16_FROM(mem, self._avail_flags_off)[0] & V.AVAIL_F_NO_INTERRUPT
         self.push_used(dma, head, length)
         return self.needs_interrupt(dma)
 
@@ -414,9 +423,9 @@ class SplitRing:
             mem = self._ring_mem(dma)
         if mem is not None:
             if self.event_idx:   # vring_need_event, inline
-                event: int = _U16_FROM(mem, self._used_event_at - self._lo)[0]
+                event: int = _U16_FROM(mem, self._used_event_off)[0]
                 return ((new - event - 1) & 0xFFFF) < ((new - old) & 0xFFFF)
-            return not _U16_FROM(mem, self.avail_ring - self._lo)[0] & V.AVAIL_F_NO_INTERRUPT
+            return not _U16_FROM(mem, self._avail_flags_off)[0] & V.AVAIL_F_NO_INTERRUPT
         if self.event_idx:
             return vring_need_event(self.used_event(dma), new, old)
         return not self.avail_flags(dma) & V.AVAIL_F_NO_INTERRUPT

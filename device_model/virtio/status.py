@@ -233,8 +233,8 @@ class TransportCore:
     def _notify(self, index: int, data: int | None = None) -> None:
         """A driver notification of queue `index`; `data`, with NOTIFICATION_DATA, the
         16 bits after the queue index (next_off, next_wrap)."""
-        q = self.queues[index] if 0 <= index < len(self.queues) else None
-        if q is None or not q.ready:
+        queues = self.queues
+        if not (0 <= index < len(queues) and queues[index].ready):
             self._violation("queue/not-ready",
                             f"{self._NOTIFY_NAME}({index}): queue not ready")
             return

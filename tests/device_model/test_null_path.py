@@ -10,19 +10,24 @@ paths that must do exactly what the general ones do, and leave them for anything
 - the request is unpacked and the response packed in place in the function's window;
   the used entry and the interrupt decision are one ring call (`push_used_interrupt`);
 - a context keeps its DecodeEnv; decode asks the resolve cache's lookup only for
-  another env or a moved address space.
+  another env or a moved address space;
+- the device's submit_start, submit_end and irq events go through the tracer's
+  emit_plain when it has one (ports.plain_emitter) and the times are exact ints, else
+  through emit.
 """
 from __future__ import annotations
 
 import struct
 from typing import Callable
 
+import dm_driver
 import pytest
 from dm_driver import Bump, MockSplitQueue, Rig, fill, nop
-from dm_fakes import FakeDma
+from dm_fakes import FakeDma, RecordingTracer
 
 from device_model.va1 import commands as C
-from device_model.va1.engine import CommandProcessor, Submission
+from device_model.ports import NullTracer, plain_emitter
+from device_model.va1.engine import CommandProcessor, Submission, _Run
 from device_model.va1.requests import SubmitRequest
 from device_model.va1.scheduler import Scheduler
 from device_model.virtio.queue import Queue
@@ -379,3 +384,101 @@ def test_mmio_notify_and_ack_of_other_sizes_still_break_the_size_rule() -> None:
     rig.kick()
     rig.clock.run()
     assert rig.irq.level and rig.ack_irq() == 1 and not rig.irq.level
+
+
+# --- emit_plain --------------------------------------------------------------------------
+
+class _PlainTracer(RecordingTracer):
+    """A tracer with emit_plain: records the events it is handed like emit does, checks
+    that every value is of an exact plain type and notes which events came that way."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.plain: list[str] = []
+
+    def emit_plain(self, kind: str, fields: dict[str, object]) -> None:
+        assert all(type(v) in (int, str, bool) for v in fields.values()), (kind, fields)
+        self.plain.append(kind)
+        self.events.append((kind, dict(fields)))
+
+
+class _Tick(int):
+    """An int that is not exactly an int (a clock's time the device did not make)."""
+
+
+def test_plain_emitter_is_emit_plain_or_emit_with_the_same_fields() -> None:
+    plain = _PlainTracer()
+    assert plain_emitter(plain) == plain.emit_plain
+    null = NullTracer()
+    assert plain_emitter(null) == null.emit_plain
+    rec = RecordingTracer()
+    plain_emitter(rec)("irq", {"bits": 1, "status": 3})
+    assert rec.events == [("irq", {"bits": 1, "status": 3})]
+
+
+def test_device_events_through_emit_plain_are_those_of_emit(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same responses, events and guest memory with a tracer that has emit_plain;
+    the submission and interrupt events came through it."""
+    fast = _run(True)
+    monkeypatch.setattr(dm_driver, "RecordingTracer", _PlainTracer)
+    rig = Rig(qsize=8)
+    rig.dma.view_epoch = 0
+    resps = _scenario(rig)
+    assert (resps, rig.tracer.events, rig.dma.g_read(rig.dma.base, 1 << 16)) == fast
+    assert isinstance(rig.tracer, _PlainTracer)
+    assert {"submit_start", "submit_end", "irq"} <= set(rig.tracer.plain)
+    assert rig.tracer.plain.count("submit_end") == len(rig.tracer.kinds("submit_end"))
+
+
+def test_times_not_of_exact_int_type_go_through_emit(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(dm_driver, "RecordingTracer", _PlainTracer)
+    rig, cid = _idle_rig()
+    assert isinstance(rig.tracer, _PlainTracer)
+    clock = rig.clock
+    monkeypatch.setattr(clock, "now_ns", lambda: _Tick(clock.now))
+    resp = _submit_indirect(rig, cid, nop(), 1)
+    rig.kick()
+    rig.clock.run()
+    assert struct.unpack("<IIQQQ", rig.dma.g_read(resp, 32))[0] == Status.OK
+    assert "irq" in rig.tracer.plain              # submit_start/_end took emit
+    assert not {"submit_start", "submit_end"} & set(rig.tracer.plain)
+    assert [k for k, _ in rig.tracer.events if k.startswith("submit")] == [
+        "submit_start", "submit_end"]
+
+
+def test_submission_and_run_start_from_their_defaults() -> None:
+    rig, cid = _idle_rig()
+    sub = _sub(rig, cid)
+    assert (sub.status, sub.error_offset, sub.start_ns, sub.end_ns, sub.engine) == (
+        Status.OK, va1.NO_OFFSET, 0, 0, -1)
+    run = _Run(sub, 0, rig.dev.processor, 7)
+    assert (run.t, run.slice_start, run.next, run.cur_end, run.cmds, run.timed_out,
+            run.wait_first, run.wait_polls, run.dropped, run.math) == (
+        7, 7, 0, -1, (), False, -1, 0, False, True)
+    other = _Run(sub, 0, rig.dev.processor, 9)
+    run.next = 3
+    assert other.next == 0 and "queue=2" in repr(sub)
+
+
+class _Idle:
+    """A function's processor with nothing to do (what the scheduler asks of one)."""
+
+    def has_work(self) -> bool:
+        return False
+
+    def startable(self) -> bool:
+        return False
+
+
+def test_the_scheduler_keeps_its_lone_function_through_register_and_unregister() -> None:
+    sched = Scheduler(2)
+    assert sched.lone is None
+    a = sched.register(_Idle(), 0)  # type: ignore[arg-type]
+    assert sched.lone is a and not sched.competitor_waiting(a, True)
+    b = sched.register(_Idle(), 1)  # type: ignore[arg-type]
+    assert sched.lone is None
+    sched.unregister(a)
+    assert sched.lone is b and sched.functions == [b]
+    sched.unregister(b)
+    assert sched.lone is None and sched.functions == []
