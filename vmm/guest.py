@@ -120,28 +120,36 @@ class GuestMmio:
 
 class GuestTimer(PendingIrq):
     """One kernel timer (guest_driver.kernel.KernelTimer): a machine event that pends
-    `fn` for delivery in guest context, as an interrupt is. No trace event of its own,
-    so a timer whose fn does nothing leaves the trace as it was."""
+    the timer for delivery in guest context, as an interrupt is; delivery runs `fn`. No
+    trace event of its own, so a timer whose fn does nothing leaves the trace as it was.
+    The timer is its own event callback (`__call__`): no bound method per start."""
+
+    __slots__ = ("_pend", "domain", "_fn", "_event")
 
     def __init__(self, machine: Machine, delay_ns: int, fn: Callable[[], None],
                  what: str, domain: WaitDomain | None = None) -> None:
-        self._machine = machine
+        self._pend = machine.pend_irq
         self.domain = domain
-        self._fn = fn
-        self.cancelled = False
-        self._event = machine.sched.schedule(max(0, int(delay_ns)), self._fire, what)
+        self._fn: Callable[[], None] | None = fn   # None once cancelled or delivered
+        self._event = machine.sched.schedule(max(0, int(delay_ns)), self, what)
 
-    def _fire(self) -> None:
-        if not self.cancelled:
-            self._machine.pend_irq(self)
+    def __call__(self) -> None:
+        if self._fn is not None:
+            self._pend(self)
+
+    @property
+    def cancelled(self) -> bool:
+        """Cancelled, or delivered (fn ran)."""
+        return self._fn is None
 
     def deliver(self) -> None:
-        if not self.cancelled:
-            self.cancelled = True
-            self._fn()
+        fn = self._fn
+        if fn is not None:
+            self._fn = None
+            fn()
 
     def cancel(self) -> None:
-        self.cancelled = True
+        self._fn = None
         self._event[2] = None   # Timer.cancel inlined
 
 
@@ -157,10 +165,12 @@ class GuestSched:
         self.now_ns: Callable[[], int] = machine.sched.now_ns
         self.start_timer: Callable[[int, Callable[[], None], str], GuestTimer] = \
             partial(GuestTimer, machine, domain=domain)
-
-    def wait_until(self, cond: Callable[[], bool], timeout_ns: int | None, what: str) -> bool:
-        domain = self.domain if reads_guest_state_only(cond) else None
-        return self._machine.wait_until(cond, timeout_ns, what, domain)
+        # wait_until(cond, timeout_ns, what) is the machine's: a condition marked with
+        # guest_state is declared with this kernel's domain (vmm.machine), any other is
+        # not. The machine asks `declared` only once the wait has to block.
+        self.wait_until: Callable[[Callable[[], bool], int | None, str], bool] = (
+            machine.wait_until if domain is None else
+            partial(machine.wait_until, domain=domain, declared=reads_guest_state_only))
 
     def sleep(self, ns: int) -> None:
         self._machine.sleep(ns)
