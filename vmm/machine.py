@@ -395,11 +395,13 @@ class Machine:
         a deadline begins at once: the deadline bounds the horizon devices see."""
         now = self.sched._now
         deadline = None if timeout_ns is None or timeout_ns < 0 else now + int(timeout_ns)
-        me = self._current if self._running_tasks else None
-        if self._running_tasks and (me is None or get_ident() != me.ident):
-            raise SchedulerError("wait_until called outside the running guest task")
         begun = False
-        if me is not None:
+        outer_main = None   # the main deadline to restore (a wait outside any task)
+        if self._running_tasks:
+            me = self._current
+            if me is None or get_ident() != me.ident:
+                raise SchedulerError("wait_until called outside the running guest task")
+            who = me.name
             # What this task did since it last ran (its own index is not among the
             # waiters touched, so this comes first either way).
             if self._declared if me.domain is None else me.domain.waiting:
@@ -407,14 +409,17 @@ class Machine:
             if deadline is not None:
                 self._begin_wait(me, cond, deadline, what, domain, declared)
                 begun = True
-        outer_main = self._main_deadline
-        if me is None and deadline is not None:
-            self._main_deadline = deadline if outer_main is None else min(outer_main, deadline)
-        who = me.name if me is not None else "main"
+        else:
+            me = None
+            who = "main"
+            outer_main = self._main_deadline
+            if deadline is not None:
+                self._main_deadline = deadline if outer_main is None else min(outer_main,
+                                                                              deadline)
         timeout = -1 if deadline is None else deadline - now
-        # Exact strs and ints are plain: the tracer need not check them again.
+        # Exact strs and ints are plain: the tracer need not check them again (-1 is).
         plain = type(who) is str and type(what) is str
-        if plain and type(timeout) is int:
+        if plain and (deadline is None or type(timeout) is int):
             self._mtrace.emit_plain("wait", {"task": who, "what": what, "timeout": timeout})
         else:
             self._mtrace.emit("wait", task=who, what=what, timeout=timeout)
@@ -463,7 +468,8 @@ class Machine:
             if begun:
                 assert me is not None
                 self._end_wait(me)
-            self._main_deadline = outer_main
+            if me is None:
+                self._main_deadline = outer_main
 
     def _begin_wait(self, me: GuestTask, cond: Callable[[], bool], deadline: int | None,
                     what: str, domain: WaitDomain | None,
