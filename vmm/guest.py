@@ -168,9 +168,8 @@ class GuestSched:
         # wait_until(cond, timeout_ns, what) is the machine's: a condition marked with
         # guest_state is declared with this kernel's domain (vmm.machine), any other is
         # not. The machine asks `declared` only once the wait has to block.
-        self.wait_until: Callable[[Callable[[], bool], int | None, str], bool] = (
-            machine.wait_until if domain is None else
-            partial(machine.wait_until, domain=domain, declared=reads_guest_state_only))
+        self.wait_until: Callable[[Callable[[], bool], int | None, str], bool] = partial(
+            machine.wait_declared, domain, None if domain is None else reads_guest_state_only)
 
     def sleep(self, ns: int) -> None:
         self._machine.sleep(ns)

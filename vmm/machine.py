@@ -393,6 +393,13 @@ class Machine:
         interrupts are delivered) never reaches a pick: its ready-set bookkeeping
         (`_begin_wait`, `_end_wait`) is done only once the wait has to block. A wait with
         a deadline begins at once: the deadline bounds the horizon devices see."""
+        return self.wait_declared(domain, declared, cond, timeout_ns, what)
+
+    def wait_declared(self, domain: WaitDomain | None,
+                      declared: Callable[[Callable[[], bool]], bool] | None,
+                      cond: Callable[[], bool], timeout_ns: int | None, what: str) -> bool:
+        """wait_until with the declaration first: a guest kernel's services bind its
+        domain with functools.partial (positional: a C call, no frame of their own)."""
         now = self.sched._now
         deadline = None if timeout_ns is None or timeout_ns < 0 else now + int(timeout_ns)
         begun = False

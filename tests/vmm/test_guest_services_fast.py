@@ -11,9 +11,19 @@ from vmm.scheduler import Scheduler
 from vmm.trace import Trace, TraceEvent
 
 
-def test_guest_wait_without_domain_is_the_machines() -> None:
+def test_guest_wait_without_domain_declares_nothing() -> None:
     m = Machine(0)
-    assert GuestSched(m).wait_until == m.wait_until
+    sched = GuestSched(m)
+    flag: list[bool] = []
+
+    def task() -> None:
+        sched.start_timer(10, lambda: flag.append(0 in m._declared), "set")
+        assert sched.wait_until(guest_state(lambda: bool(flag)), None, "flag")
+
+    m.spawn(task, "t")
+    assert [t.error for t in m.run_tasks()] == [None]
+    assert flag == [False]          # waiting, and not among the declared waiters
+    assert m.wait_until(lambda: True, None, "main") and m.now_ns() == 10
 
 
 def _waits(m: Machine, sched: GuestSched, marked: bool) -> tuple[list[bool], list[str]]:
