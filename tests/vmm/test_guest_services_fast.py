@@ -5,7 +5,7 @@ of the trace's batch limit."""
 from __future__ import annotations
 
 from guest_driver.kernel import guest_state
-from vmm.guest import GuestSched, GuestTimer
+from vmm.guest import GuestMmio, GuestSched, GuestTimer
 from vmm.machine import Machine
 from vmm.scheduler import Scheduler
 from vmm.trace import Trace, TraceEvent
@@ -149,3 +149,36 @@ def test_tracers_made_before_keep_or_watch_follow_them() -> None:
     t2.emit_plain("f", {"n": 6})
     assert tr2.events == [] and t2._limit == tr2._limit > 1
     assert tr2.count == 1
+
+
+def test_guest_mmio_fast_path_ends_with_a_fault_hook_and_comes_back_without() -> None:
+    from vmm.bus import MmioBus
+
+    class Regs:
+        def read(self, offset: int, size: int) -> int:
+            return 0x55
+
+        def write(self, offset: int, size: int, value: int) -> None:
+            pass
+
+    class Delay:
+        def exit_delay_ns(self, addr: int, size: int) -> int:
+            seen.append((addr, size))
+            return 3
+
+    seen: list[tuple[int, int]] = []
+    m = Machine(0, keep_trace=True)
+    bus = MmioBus()
+    bus.add(0x1000, 0x100, Regs(), "regs")
+    mmio = GuestMmio(m, bus, m.trace.tracer("vm0.cpu"), 10)
+    mmio.write(0x1000, 4, 1)                    # claimed: the next access is fast
+    mmio.fault_hook = Delay()
+    assert mmio.fault_hook is not None
+    mmio.write(0x1000, 4, 1)
+    assert mmio.read(0x1000, 4) == 0x55
+    assert seen == [(0x1000, 4), (0x1000, 4)] and m.now_ns() == 10 + 2 * 13
+    mmio.fault_hook = None
+    mmio.write(0x1000, 4, 1)
+    assert seen == [(0x1000, 4), (0x1000, 4)] and m.now_ns() == 10 + 2 * 13 + 10
+    assert [e.kind for e in m.trace.events if e.kind.startswith("mmio")] == \
+        ["mmio_write", "mmio_write", "mmio_read", "mmio_write"]
