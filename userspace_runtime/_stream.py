@@ -219,9 +219,9 @@ class Stream:
         params = context.device.params
         limit = min(params["max_cmdbuf_size"], 0xFFFF_FFFF)
         self._max_cmdbuf = limit - limit % _CMD_ALIGN
-        self._open = _Chunk(0, CommandBufferBuilder(self._max_cmdbuf))
-        self._inflight: deque[_Chunk] = deque()
         self._retired: _Chunk | None = None   # the last chunk retired, to open again
+        self._open = self._reopen(0)
+        self._inflight: deque[_Chunk] = deque()
         self._completed_seq = -1
         self._first_error: tuple[int, BaseException] | None = None
         # The newest SUBMISSION_HISTORY results (older ones are released: a stream's
@@ -631,7 +631,7 @@ class Stream:
         return ch.fence
 
     def _reopen(self, seq: int) -> _Chunk:
-        """A new open chunk `seq`: the last retired one cleared (its commands, handles,
+        """The open chunk `seq`: the last retired one cleared (its commands, handles,
         fence and submission error), else a new one. Chunks in flight are never
         touched: their builders name their commands when they fail."""
         ch = self._retired
@@ -742,7 +742,7 @@ class Stream:
         if self.destroyed:
             return
         dropped = self._open
-        self._open = _Chunk(dropped.seq + 1, CommandBufferBuilder(self._max_cmdbuf))
+        self._open = self._reopen(dropped.seq + 1)
         for p in dropped.downloads:
             p._complete(UseAfterFreeError("download: its stream was destroyed before it "
                                           "was submitted"))
