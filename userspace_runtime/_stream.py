@@ -89,10 +89,13 @@ class SubmissionResult:
 
 
 class _Chunk:
-    """One command buffer of a stream: open, then in flight until retired."""
+    """One command buffer of a stream: open, then in flight until retired. A retired
+    chunk is dead (nothing outside the stream holds a chunk, and the stream drops it
+    from its in-flight queue as it retires it): the stream opens it again for a later
+    submission (`Stream._reopen`) instead of building a new one."""
 
-    # Set when the chunk is submitted (class defaults until then: one chunk is made
-    # per submission, and these four are read only once it is in flight).
+    # Set when the chunk is submitted (class defaults until then: these four are read
+    # only once it is in flight; `_reopen` clears the two a failed submission sets).
     fence: int | None = None
     submit_error: BaseException | None = None
     nbytes = 0
@@ -216,7 +219,8 @@ class Stream:
         params = context.device.params
         limit = min(params["max_cmdbuf_size"], 0xFFFF_FFFF)
         self._max_cmdbuf = limit - limit % _CMD_ALIGN
-        self._open = _Chunk(0, CommandBufferBuilder(self._max_cmdbuf))
+        self._retired: _Chunk | None = None   # the last chunk retired, to open again
+        self._open = self._reopen(0)
         self._inflight: deque[_Chunk] = deque()
         self._completed_seq = -1
         self._first_error: tuple[int, BaseException] | None = None
@@ -602,7 +606,7 @@ class Stream:
         size = len(data)
         if not size:
             return None
-        self._open = _Chunk(ch.seq + 1, CommandBufferBuilder(self._max_cmdbuf))
+        self._open = self._reopen(ch.seq + 1)
         ch.nbytes, ch.commands = size, len(bld._cmd_rows)  # sealed: _retire reports them
         try:
             # One memcpy into staging, no Region or view built around the bytes.
@@ -625,6 +629,21 @@ class Stream:
         finally:
             self._inflight.append(ch)
         return ch.fence
+
+    def _reopen(self, seq: int) -> _Chunk:
+        """The open chunk `seq`: the last retired one cleared (its commands, handles,
+        fence and submission error), else a new one. Chunks in flight are never
+        touched: their builders name their commands when they fail."""
+        ch = self._retired
+        if ch is None:
+            return _Chunk(seq, CommandBufferBuilder(self._max_cmdbuf))
+        self._retired = None
+        ch.seq = seq
+        ch.fence = ch.submit_error = None
+        ch.builder.clear()
+        if ch.handles:
+            ch.handles.clear()
+        return ch
 
     def flush(self) -> int | None:
         """Submit the commands appended so far; returns the fence (None if none)."""
@@ -656,6 +675,7 @@ class Stream:
             for p in ch.downloads:
                 p._complete(err)
             ch.downloads.clear()
+        self._retired = ch
 
     def _device_error(self, ch: _Chunk, status: int, off: int | None) -> DeviceError:
         """The DeviceError of chunk `ch`, naming the command at `off`."""
@@ -722,7 +742,7 @@ class Stream:
         if self.destroyed:
             return
         dropped = self._open
-        self._open = _Chunk(dropped.seq + 1, CommandBufferBuilder(self._max_cmdbuf))
+        self._open = self._reopen(dropped.seq + 1)
         for p in dropped.downloads:
             p._complete(UseAfterFreeError("download: its stream was destroyed before it "
                                           "was submitted"))

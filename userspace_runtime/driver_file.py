@@ -33,9 +33,14 @@ from ._errors import DriverError
 # errno values a driver may use for "the fence has not signalled yet".
 _NOT_READY = frozenset({errno.ETIME, errno.ETIMEDOUT, errno.EBUSY, errno.EAGAIN})
 
-# The two structs of every round trip, looked up once (uapi.new looks them up per call).
+# The two structs of every round trip, looked up once (uapi.new looks them up per call),
+# and what SUBMIT and WAIT call, read once.
 _SUBMIT_T = uapi.ffi.typeof("struct drm_va1_submit *")
 _WAIT_T = uapi.ffi.typeof("struct drm_va1_wait *")
+_new = uapi.ffi.new
+_SUBMIT = uapi.DRM_IOCTL_VA1_SUBMIT
+_WAIT = uapi.DRM_IOCTL_VA1_WAIT
+_MAX_BUFFERS = uapi.MAX_SUBMIT_BUFFERS
 
 PARAM_CODES: dict[str, int] = {
     name[len("PARAM_"):].lower(): value
@@ -141,11 +146,12 @@ class DriverFile:
         the buffers `handles` it uses; returns its fence sequence number. `ncommands`
         (how many commands it holds) only goes into an error's message."""
         # No handles (a stream's empty ordered set): no list; the new struct's count is 0.
-        hs = () if type(handles) is dict and not handles else list(handles)
-        if len(hs) > uapi.MAX_SUBMIT_BUFFERS:  # pragma: no cover - the stream splits first
-            raise ValueError(f"{len(hs)} buffers in one submission, "
-                             f"max {uapi.MAX_SUBMIT_BUFFERS}")
-        arg: uapi.CData = uapi.ffi.new(_SUBMIT_T)
+        hs: tuple[int, ...] | list[int] = ()
+        if type(handles) is not dict or handles:
+            hs = list(handles)
+            if len(hs) > _MAX_BUFFERS:  # pragma: no cover - the stream splits first
+                raise ValueError(f"{len(hs)} buffers in one submission, max {_MAX_BUFFERS}")
+        arg: uapi.CData = _new(_SUBMIT_T)
         arg.context_id = context_id
         arg.queue = queue
         arg.cmdbuf_handle = cmdbuf_handle
@@ -155,13 +161,14 @@ class DriverFile:
             arg.buffer_count = len(hs)
             arg.handles[0:len(hs)] = hs
         try:
-            self.file.ioctl(uapi.DRM_IOCTL_VA1_SUBMIT, arg)
+            self.file.ioctl(_SUBMIT, arg)
         except OSError as e:  # _ioctl, with the message made only when it is needed
             what = (f"SUBMIT(context={context_id}, queue={queue}, "
                     + ("" if ncommands is None else f"{ncommands} commands, ")
                     + f"{cmdbuf_size} bytes, {len(hs)} buffers)")
             raise _wrap(e, f"{what} on {self.path}") from e
-        return int(arg.fence_seq)
+        fence: int = arg.fence_seq   # cffi reads an integer field as an int
+        return fence
 
     def wait(self, context_id: int, fence_seq: int, timeout_ns: int = -1
              ) -> WaitResult | None:
@@ -175,12 +182,12 @@ class DriverFile:
                     ) -> tuple[int, int, int, int] | None:
         """`wait` without the WaitResult: (status, error_offset, start_ns, end_ns), for
         a caller that waits on every submission and keeps its own record of each."""
-        arg: uapi.CData = uapi.ffi.new(_WAIT_T)
+        arg: uapi.CData = _new(_WAIT_T)
         arg.context_id = context_id
         arg.fence_seq = fence_seq
         arg.timeout_ns = timeout_ns
         try:
-            self.file.ioctl(uapi.DRM_IOCTL_VA1_WAIT, arg)
+            self.file.ioctl(_WAIT, arg)
         except OSError as e:
             if e.errno in _NOT_READY:
                 return None

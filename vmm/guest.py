@@ -7,7 +7,7 @@ from typing import Callable, Protocol
 
 from guest_driver.kernel import PciHostBridge, PlatformDevice, RamRange, reads_guest_state_only
 
-from .bus import MmioBus
+from .bus import MmioBus, Region
 from .irq import InterruptController
 from .machine import Machine, PendingIrq, WaitDomain
 from .memory import GuestMemory
@@ -23,23 +23,37 @@ class MmioFaultHook(Protocol):
 
 # The value mask of an access of 1, 2, 4 or 8 bytes, by size.
 _MASKS = (0, 0xFF, 0xFFFF, 0, 0xFFFF_FFFF, 0, 0, 0, 0xFFFF_FFFF_FFFF_FFFF)
+_NO_CLAIMS: dict[tuple[int, int], Region] = {}   # never written: no access is fast
 
 
 class GuestMmio:
     """Guest loads/stores to MMIO space: a trap into the device, charged an exit,
     unless the region is mapped straight into the guest (passthrough)."""
 
-    fault_hook: MmioFaultHook | None = None   # None unless a fault plan is installed
-
     def __init__(self, machine: Machine, bus: MmioBus, tracer: SourceTracer, exit_cost_ns: int) -> None:
         self._machine = machine
+        self._charge = machine.charge
         self._sched = machine.sched
         self._bus = bus
         self._claims = bus.claims   # the bus's, emptied in place when its regions change
+        # The claims the fast path may use: the bus's, or none while a fault plan watches.
+        self._fast_claims = self._claims
+        self._hook: MmioFaultHook | None = None
         self._trace = tracer
         self.exit_cost_ns = exit_cost_ns
         self.exits = 0
         self.direct_accesses = 0
+
+    @property
+    def fault_hook(self) -> MmioFaultHook | None:
+        """None unless a fault plan is installed; while one is, every access takes the
+        general path (which asks it for the exit delay)."""
+        return self._hook
+
+    @fault_hook.setter
+    def fault_hook(self, hook: MmioFaultHook | None) -> None:
+        self._hook = hook
+        self._fast_claims = self._claims if hook is None else _NO_CLAIMS
 
     # An access the bus has claimed before (a valid size, wholly inside one region) goes
     # straight to the region's handler: MmioBus.read_in/write_in's work for it, inline.
@@ -48,8 +62,8 @@ class GuestMmio:
     # plain (SourceTracer.emit_plain).
 
     def read(self, addr: int, size: int) -> int:
-        region = self._claims.get((addr, size))
-        if region is None or region.direct or self.fault_hook is not None:
+        region = self._fast_claims.get((addr, size))
+        if region is None or region.direct:
             return self._read(addr, size)
         value = region.handler.read(addr - region.base, size) & _MASKS[size]
         self.exits += 1
@@ -58,12 +72,12 @@ class GuestMmio:
                                                  "exit": True})
         else:
             self._trace.emit("mmio_read", addr=addr, size=size, value=value, exit=True)
-        self._machine.charge(self.exit_cost_ns)
+        self._charge(self.exit_cost_ns)
         return value
 
     def write(self, addr: int, size: int, value: int) -> None:
-        region = self._claims.get((addr, size))
-        if region is None or region.direct or self.fault_hook is not None:
+        region = self._fast_claims.get((addr, size))
+        if region is None or region.direct:
             self._write(addr, size, value)
             return
         self.exits += 1
@@ -73,7 +87,7 @@ class GuestMmio:
         else:
             self._trace.emit("mmio_write", addr=addr, size=size, value=value, exit=True)
         region.handler.write(addr - region.base, size, value & _MASKS[size])
-        self._machine.charge(self.exit_cost_ns)
+        self._charge(self.exit_cost_ns)
 
     def _read(self, addr: int, size: int) -> int:
         """read() in general: an access claimed now or never, a direct region, a fault
@@ -92,8 +106,8 @@ class GuestMmio:
             self.direct_accesses += 1
         self._trace.emit("mmio_read", addr=addr, size=size, value=value, exit=exit_)
         if exit_:
-            hook = self.fault_hook
-            self._machine.charge(self.exit_cost_ns if hook is None
+            hook = self._hook
+            self._charge(self.exit_cost_ns if hook is None
                                  else self.exit_cost_ns + hook.exit_delay_ns(addr, size))
         return value
 
@@ -113,35 +127,43 @@ class GuestMmio:
         else:
             bus.write_in(region, addr, size, value)
         if exit_:
-            hook = self.fault_hook
-            self._machine.charge(self.exit_cost_ns if hook is None
+            hook = self._hook
+            self._charge(self.exit_cost_ns if hook is None
                                  else self.exit_cost_ns + hook.exit_delay_ns(addr, size))
 
 
 class GuestTimer(PendingIrq):
     """One kernel timer (guest_driver.kernel.KernelTimer): a machine event that pends
-    `fn` for delivery in guest context, as an interrupt is. No trace event of its own,
-    so a timer whose fn does nothing leaves the trace as it was."""
+    the timer for delivery in guest context, as an interrupt is; delivery runs `fn`. No
+    trace event of its own, so a timer whose fn does nothing leaves the trace as it was.
+    The timer is its own event callback (`__call__`): no bound method per start."""
+
+    __slots__ = ("_pend", "domain", "_fn", "_event")
 
     def __init__(self, machine: Machine, delay_ns: int, fn: Callable[[], None],
                  what: str, domain: WaitDomain | None = None) -> None:
-        self._machine = machine
+        self._pend = machine.pend_irq
         self.domain = domain
-        self._fn = fn
-        self.cancelled = False
-        self._event = machine.sched.schedule(max(0, int(delay_ns)), self._fire, what)
+        self._fn: Callable[[], None] | None = fn   # None once cancelled or delivered
+        self._event = machine.sched.schedule(max(0, int(delay_ns)), self, what)
 
-    def _fire(self) -> None:
-        if not self.cancelled:
-            self._machine.pend_irq(self)
+    def __call__(self) -> None:
+        if self._fn is not None:
+            self._pend(self)
+
+    @property
+    def cancelled(self) -> bool:
+        """Cancelled, or delivered (fn ran)."""
+        return self._fn is None
 
     def deliver(self) -> None:
-        if not self.cancelled:
-            self.cancelled = True
-            self._fn()
+        fn = self._fn
+        if fn is not None:
+            self._fn = None
+            fn()
 
     def cancel(self) -> None:
-        self.cancelled = True
+        self._fn = None
         self._event[2] = None   # Timer.cancel inlined
 
 
@@ -157,10 +179,11 @@ class GuestSched:
         self.now_ns: Callable[[], int] = machine.sched.now_ns
         self.start_timer: Callable[[int, Callable[[], None], str], GuestTimer] = \
             partial(GuestTimer, machine, domain=domain)
-
-    def wait_until(self, cond: Callable[[], bool], timeout_ns: int | None, what: str) -> bool:
-        domain = self.domain if reads_guest_state_only(cond) else None
-        return self._machine.wait_until(cond, timeout_ns, what, domain)
+        # wait_until(cond, timeout_ns, what) is the machine's: a condition marked with
+        # guest_state is declared with this kernel's domain (vmm.machine), any other is
+        # not. The machine asks `declared` only once the wait has to block.
+        self.wait_until: Callable[[Callable[[], bool], int | None, str], bool] = partial(
+            machine.wait_declared, domain, None if domain is None else reads_guest_state_only)
 
     def sleep(self, ns: int) -> None:
         self._machine.sleep(ns)

@@ -28,6 +28,7 @@ import heapq
 import random
 import threading
 from collections import deque
+from threading import get_ident
 from typing import Any, Callable, ClassVar
 
 from .errors import VmmError
@@ -86,6 +87,7 @@ class GuestTask:
         self.result: Any = None
         self.error: BaseException | None = None
         self.baton = threading.Event()
+        self.ident: int | None = None   # its thread's, once it runs
         self.thread = threading.Thread(target=self._main, name=f"guest-{name}", daemon=True)
 
     def ready(self, now: int) -> bool:
@@ -101,6 +103,7 @@ class GuestTask:
         return bool(self.cond())
 
     def _main(self) -> None:
+        self.ident = get_ident()
         self.baton.wait()
         self.baton.clear()
         self.state = TaskState.RUNNING
@@ -377,38 +380,53 @@ class Machine:
                                 f"no event is pending and no other task can run")
 
     def wait_until(self, cond: Callable[[], bool], timeout_ns: int | None, what: str,
-                   domain: WaitDomain | None = None) -> bool:
+                   domain: WaitDomain | None = None,
+                   declared: Callable[[Callable[[], bool]], bool] | None = None) -> bool:
         """Block until cond() holds (True) or the virtual timeout passes (False).
         `domain`: cond reads only state that code of this domain changes (module
         docstring); None: cond may read anything (device registers, memory a device
-        writes, virtual time) and is checked at every pick.
+        writes, virtual time) and is checked at every pick. `declared`: when given,
+        cond is declared with `domain` only if declared(cond) (asked once the wait
+        begins), else it is undeclared.
 
         A task's wait with no deadline that ends at its first check (after the pending
         interrupts are delivered) never reaches a pick: its ready-set bookkeeping
         (`_begin_wait`, `_end_wait`) is done only once the wait has to block. A wait with
         a deadline begins at once: the deadline bounds the horizon devices see."""
+        return self.wait_declared(domain, declared, cond, timeout_ns, what)
+
+    def wait_declared(self, domain: WaitDomain | None,
+                      declared: Callable[[Callable[[], bool]], bool] | None,
+                      cond: Callable[[], bool], timeout_ns: int | None, what: str) -> bool:
+        """wait_until with the declaration first: a guest kernel's services bind its
+        domain with functools.partial (positional: a C call, no frame of their own)."""
         now = self.sched._now
         deadline = None if timeout_ns is None or timeout_ns < 0 else now + int(timeout_ns)
-        me = self._current if self._running_tasks else None
-        if self._running_tasks and (me is None or threading.get_ident() != me.thread.ident):
-            raise SchedulerError("wait_until called outside the running guest task")
         begun = False
-        if me is not None:
+        outer_main = None   # the main deadline to restore (a wait outside any task)
+        if self._running_tasks:
+            me = self._current
+            if me is None or get_ident() != me.ident:
+                raise SchedulerError("wait_until called outside the running guest task")
+            who = me.name
             # What this task did since it last ran (its own index is not among the
             # waiters touched, so this comes first either way).
             if self._declared if me.domain is None else me.domain.waiting:
                 self._touch(me.domain)
             if deadline is not None:
-                self._begin_wait(me, cond, deadline, what, domain)
+                self._begin_wait(me, cond, deadline, what, domain, declared)
                 begun = True
-        outer_main = self._main_deadline
-        if me is None and deadline is not None:
-            self._main_deadline = deadline if outer_main is None else min(outer_main, deadline)
-        who = me.name if me is not None else "main"
+        else:
+            me = None
+            who = "main"
+            outer_main = self._main_deadline
+            if deadline is not None:
+                self._main_deadline = deadline if outer_main is None else min(outer_main,
+                                                                              deadline)
         timeout = -1 if deadline is None else deadline - now
-        # Exact strs and ints are plain: the tracer need not check them again.
+        # Exact strs and ints are plain: the tracer need not check them again (-1 is).
         plain = type(who) is str and type(what) is str
-        if plain and type(timeout) is int:
+        if plain and (deadline is None or type(timeout) is int):
             self._mtrace.emit_plain("wait", {"task": who, "what": what, "timeout": timeout})
         else:
             self._mtrace.emit("wait", task=who, what=what, timeout=timeout)
@@ -420,7 +438,7 @@ class Machine:
                 woke = True
                 return True
             if me is not None and not begun:
-                self._begin_wait(me, cond, deadline, what, domain)
+                self._begin_wait(me, cond, deadline, what, domain, declared)
                 begun = True
             while True:
                 if deadline is not None and self.sched._now >= deadline:
@@ -457,12 +475,17 @@ class Machine:
             if begun:
                 assert me is not None
                 self._end_wait(me)
-            self._main_deadline = outer_main
+            if me is None:
+                self._main_deadline = outer_main
 
     def _begin_wait(self, me: GuestTask, cond: Callable[[], bool], deadline: int | None,
-                    what: str, domain: WaitDomain | None) -> None:
+                    what: str, domain: WaitDomain | None,
+                    declared: Callable[[Callable[[], bool]], bool] | None) -> None:
         """The wait of `me` begins: it leaves the known ready, is a candidate, joins its
-        domain's waiters and the deadline heaps."""
+        domain's waiters (if cond is declared with it: see wait_until) and the deadline
+        heaps."""
+        if declared is not None and domain is not None and not declared(cond):
+            domain = None
         me.cond, me.deadline, me.what, me.state = cond, deadline, what, TaskState.WAITING
         me.cond_domain = domain
         self._serial += 1

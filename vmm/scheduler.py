@@ -7,6 +7,8 @@ guest is charged for what it does.
 from __future__ import annotations
 
 import heapq
+from heapq import heappush
+from itertools import count
 from typing import Any, Callable
 
 from .errors import VmmError
@@ -48,7 +50,8 @@ class Timer(list[Any]):
 class Scheduler:
     def __init__(self) -> None:
         self._now = 0
-        self._seq = 0
+        # The next event's sequence number (1, 2, ...): one C call per event.
+        self._next_seq: Callable[[], int] = count(1).__next__
         self._heap: list[Timer] = []
         self.events_run = 0
         self._until: int | None = None  # the bound of the run_until_time in progress
@@ -62,18 +65,16 @@ class Scheduler:
     def schedule_at(self, when: int, callback: Callable[[], None], label: str) -> Timer:
         if when < self._now:
             raise SchedulerError(f"event {label!r} scheduled in the past ({when} < {self._now})")
-        self._seq += 1
-        timer = Timer((when, self._seq, callback, label))
-        heapq.heappush(self._heap, timer)
+        timer = Timer((when, self._next_seq(), callback, label))
+        heappush(self._heap, timer)
         return timer
 
     def schedule(self, delay_ns: int, callback: Callable[[], None], label: str) -> Timer:
         if delay_ns < 0:
             raise SchedulerError(f"event {label!r} scheduled with negative delay {delay_ns}")
         # schedule_at inlined (never in the past: delay >= 0)
-        self._seq += 1
-        timer = Timer((self._now + int(delay_ns), self._seq, callback, label))
-        heapq.heappush(self._heap, timer)
+        timer = Timer((self._now + int(delay_ns), self._next_seq(), callback, label))
+        heappush(self._heap, timer)
         return timer
 
     def _drop_cancelled(self) -> None:
@@ -117,23 +118,20 @@ class Scheduler:
         return True
 
     def run_until_time(self, when: int) -> None:
-        """Run every event due at or before `when`, then set the clock to `when`."""
+        """Run every event due at or before `when`, then set the clock to `when`.
+        Cancelled entries are dropped as they come due (or reach the front for
+        next_event_ns / horizon_ns): none is ever run."""
         outer = self._until
         self._until = when if outer is None or when < outer else outer
         heap = self._heap
         pop = heapq.heappop
         try:
-            while heap:  # run_next() inlined: the earliest live event, if due
-                at, _, callback, _ = heap[0]
-                if callback is None:
-                    pop(heap)
-                    continue
-                if at > when:
-                    break
-                pop(heap)
-                self._now = at
-                self.events_run += 1
-                callback()
+            while heap and heap[0][0] <= when:   # run_next() inlined, for due events
+                at, _, callback, _ = pop(heap)
+                if callback is not None:
+                    self._now = at
+                    self.events_run += 1
+                    callback()
         finally:
             self._until = outer
         if when > self._now:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import io
 import pickle
+import weakref
 from dataclasses import dataclass
 from itertools import chain
 from typing import Callable
@@ -101,8 +102,9 @@ class Trace:
         self._observed = keep
         # A source tracer calls _appended once its pending list reaches this length: at
         # a full batch, or at every event while observed (one test on the hot path for
-        # both).
+        # both). Each tracer keeps a copy (`_set_observed` updates them all).
         self._limit = 0 if keep else _BATCH
+        self._tracers: weakref.WeakSet[SourceTracer] = weakref.WeakSet()
 
     @property
     def keep(self) -> bool:
@@ -111,8 +113,15 @@ class Trace:
     @keep.setter
     def keep(self, value: bool) -> None:
         self._keep = value
-        self._observed = value or bool(self._watchers)
-        self._limit = 0 if self._observed else _BATCH
+        self._set_observed(value or bool(self._watchers))
+
+    def _set_observed(self, observed: bool) -> None:
+        """Whether events become TraceEvents (kept or watched), for this trace and the
+        copy of its `_limit` every source tracer keeps."""
+        self._observed = observed
+        self._limit = 0 if observed else _BATCH
+        for t in self._tracers:
+            t._limit = self._limit
 
     @property
     def count(self) -> int:
@@ -121,8 +130,7 @@ class Trace:
 
     def watch(self, fn: Callable[[TraceEvent], None]) -> None:
         self._watchers.append(fn)
-        self._observed = True
-        self._limit = 0
+        self._set_observed(True)
 
     def _observe(self, event: TraceEvent) -> None:
         if self._keep:
@@ -172,13 +180,15 @@ class Trace:
 class SourceTracer:
     """A Tracer (device_model.ports / guest_driver.kernel protocol) bound to one source."""
 
-    __slots__ = ("_trace", "source", "_pending", "_sched")
+    __slots__ = ("_trace", "source", "_pending", "_sched", "_limit", "__weakref__")
 
     def __init__(self, trace: Trace, source: str) -> None:
         self._trace = trace
         self.source = source
         self._pending = trace._pending
         self._sched = trace._sched
+        self._limit = trace._limit   # the trace's, kept up to date by it
+        trace._tracers.add(self)
 
     def emit(self, kind: str, **fields: object) -> None:
         # Trace.emit inlined (the hot path of every layer); the pending entry holds the
@@ -188,7 +198,7 @@ class SourceTracer:
                 _check(value)
         pending = self._pending
         pending.append((self._sched._now, self.source, kind, fields))
-        if len(pending) >= self._trace._limit:
+        if len(pending) >= self._limit:
             self._trace._appended()
 
     def emit_plain(self, kind: str, fields: dict[str, object]) -> None:
@@ -199,7 +209,7 @@ class SourceTracer:
         field order."""
         pending = self._pending
         pending.append((self._sched._now, self.source, kind, fields))
-        if len(pending) >= self._trace._limit:
+        if len(pending) >= self._limit:
             self._trace._appended()
 
     def emit_each(self, kind: str, names: tuple[str, ...], rows: list[tuple]) -> None:  # type: ignore[type-arg]

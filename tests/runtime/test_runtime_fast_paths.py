@@ -95,3 +95,45 @@ def test_submit_takes_handles_from_any_iterable(make_os: Any) -> None:
     for handles in ({}, (), [], np.array([d, d]), (x for x in [d]), {d: None}):
         drv.submit(ctx, 0, h, 0, 8, handles)
     assert [sub.handles for sub in fake.file.submissions] == [[], [], [], [d, d], [d], [d]]
+
+
+def test_a_reopened_chunk_never_touches_one_in_flight(make_os: Any) -> None:
+    """The stream opens its last retired chunk again for the next submission; a chunk
+    still in flight keeps its commands, so its failure names them, and every
+    submission's result counts its own."""
+    from hwspec import va1
+    from userspace_runtime import DeviceError
+
+    fake = make_os()
+    s = Device(fake).create_context().create_stream()
+
+    def cmds(*names: str) -> CommandBufferBuilder:
+        b = CommandBufferBuilder()
+        for n in names:
+            b.nop(name=n)
+        return b
+
+    first = s._open
+    s.enqueue(cmds("a0", "a1"))
+    s.synchronize()                          # retired: opened again next
+    fake.file.hold = True                    # submissions run at the blocking WAIT
+    fake.file.hook = lambda f, sub: ((va1.Status.BAD_OPCODE, 8) if sub.fence == 2
+                                     else None)
+    s.enqueue(cmds("b0", "b1"))
+    s.flush()
+    in_flight = s._inflight[0]
+    assert s._open is first and s._open.seq == 2 and s._open is not in_flight
+    assert s._open.builder.command_count == 0 and s._open.fence is None
+    s.enqueue(cmds("c0", "c1", "c2"))        # fills the reopened chunk
+    s.flush()
+    assert in_flight.builder.command_count == 2 and len(s._inflight) == 2
+    with pytest.raises(DeviceError) as err:
+        s.synchronize()
+    assert err.value.command == "b1" and err.value.fence_seq == 2
+    assert [(r.seq, r.commands, r.cmdbuf_size) for r in s.submissions] == \
+        [(0, 2, 16), (1, 2, 16), (2, 3, 24)]
+    assert [len(sub.cmdbuf) for sub in fake.file.submissions] == [16, 16, 24]
+    s.enqueue(cmds("d0"))                    # into a new chunk (none was retired then)
+    s.flush()
+    assert s._open is first and s._open.seq == 4   # the last one retired: opened again
+    assert fake.file.submissions[-1].commands[0]["offset"] == 0
