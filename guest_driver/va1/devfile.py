@@ -38,7 +38,6 @@ from .driver import Context, VA1Device, VA1Error
 from .fence import Fence
 
 U32_MAX = 0xFFFFFFFF
-_OK = int(A.Status.OK)
 _CData = U.ffi.CData
 # what ffi.typeof(cdata) calls once it has told a cdata from a C declaration string
 # (ioctl asks it only about cdata, on every call)
@@ -454,12 +453,11 @@ class VA1File:
         if not self.dev.wait_fence(fence, None if timeout < 0 else timeout):
             raise _err(errno.ETIME, f"WAIT: fence {seq} of context {ctx.uid} not signalled "
                                     f"within {timeout} ns")
-        a.status = status = fence.status
+        a.status = fence.status
         a.error_offset = fence.error_offset
         a.start_ns = fence.start_ns
         a.end_ns = fence.end_ns
-        if status == _OK:   # timeline.release(fence): signalled (waited for), OK
-            ctx.timeline.fences.pop(seq, None)
+        ctx.timeline.release(fence)
 
     def _get_stats(self, a: Any) -> None:
         stats = self.dev.get_stats()

@@ -627,9 +627,8 @@ class VA1Device:
                     self._outstanding -= 1
                 if q.outstanding:   # progress of an idle queue is never looked at
                     q.progress_ns = self.kernel.sched.now_ns()
-                if self._outstanding == 0 and self._timer is not None:   # _cancel_timer()
-                    self._timer.cancel()
-                    self._timer = None
+                if self._outstanding == 0:
+                    self._cancel_timer()
             if isinstance(token, _Submission):
                 # the response, read through the slots' view, then the fence
                 q.free_slots.append(token.slot)
@@ -1259,10 +1258,8 @@ class VA1Device:
         if not (q.free_slots and ring.num_free >= q.descs):
             self._wait_for_space(q, self.generation, "submit_space")
             self.check_submit(ctx)
-        tl = ctx.timeline   # fence = tl.next(queue), with on_done as its callback
-        tl.last_seq = seq = tl.last_seq + 1
-        fence = Fence(tl.context, seq, queue, None if on_done is None else [on_done])
-        tl.fences[seq] = fence
+        fence = ctx.timeline.next(queue, on_done)
+        seq = fence.seq
         slot = q.free_slots.pop()
         off = slot * q.slot_size
         base = q.slot_base + off

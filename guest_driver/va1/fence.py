@@ -59,10 +59,11 @@ class FenceTimeline:
         self.fences: dict[int, Fence] = {}
         self.double_signals = 0
 
-    def next(self, queue: int) -> Fence:
-        self.last_seq += 1
-        fence = Fence(self.context, self.last_seq, queue)
-        self.fences[fence.seq] = fence
+    def next(self, queue: int, on_done: Callable[[Fence], None] | None = None) -> Fence:
+        """The next fence of this context on `queue` (`on_done` its first callback)."""
+        self.last_seq = seq = self.last_seq + 1
+        fence = Fence(self.context, seq, queue, None if on_done is None else [on_done])
+        self.fences[seq] = fence
         return fence
 
     def unissue(self, fence: Fence) -> None:
