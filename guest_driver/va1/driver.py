@@ -465,11 +465,14 @@ class VA1Device:
         self.kernel.trace.emit(kind, dev=self.name, **fields)
 
     def _kick(self, q: _Queue) -> None:
-        ring = q.ring
-        if ring.kick_prepare():
-            self._emit_plain("kick", {"dev": self.name, "queue": q.index})
-            # notification_data() is None without NOTIFICATION_DATA: not asked for then
-            self.transport.notify(q.index, ring.notification_data() if q.notify_data else None)
+        if q.ring.kick_prepare():
+            self._notify(q)
+
+    def _notify(self, q: _Queue) -> None:
+        """The doorbell of q, once its ring said the device wants it (kick_prepare)."""
+        self._emit_plain("kick", {"dev": self.name, "queue": q.index})
+        # notification_data() is None without NOTIFICATION_DATA: not asked for then
+        self.transport.notify(q.index, q.ring.notification_data() if q.notify_data else None)
 
     def _wait(self, cond: Callable[[], bool], timeout_ns: int | None, what: str,
               check_first: bool = True, **fields: object) -> bool:
@@ -607,7 +610,7 @@ class VA1Device:
                 self._trace("ring_error", queue=q.index, error=q.ring.broken)
                 self.recover(f"queue {q.index}: {q.ring.broken}")
                 return
-            if self.poll_wait and q.index >= A.FIRST_SUBMITQ:   # _polled(q)
+            if self._polled(q):
                 q.ring.disable_interrupts()
                 if not q.ring.has_used():
                     break
@@ -1271,9 +1274,8 @@ class VA1Device:
         self._busy(q)
         if self.poll_wait:   # _polled(q): interrupts off before the device sees it
             ring.disable_interrupts()
-        if kick:   # _kick(q), kick_prepare() answered by add_pair
-            self._emit_plain("kick", {"dev": self.name, "queue": q.index})
-            self.transport.notify(q.index, ring.notification_data() if q.notify_data else None)
+        if kick:   # add_pair answered kick_prepare()
+            self._notify(q)
         return fence
 
     def check_submit(self, ctx: Context) -> None:
