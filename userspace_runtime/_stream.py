@@ -712,14 +712,9 @@ class Stream:
         inflight = self._inflight
         while inflight and inflight[0].seq <= seq:
             ch = inflight[0]
-            if ch.fence is None:   # _wait_one inlined
-                self._retire(ch, None)
-                continue
-            r = self._drv.wait_fields(self.context.id, ch.fence, t)
-            if r is None:
+            if not self._wait_one(ch, t):
                 raise TimeoutError(f"fence {ch.fence} of context {self.context.id} queue "
                                    f"{self.queue} did not signal within {t} ns")
-            self._retire(ch, r)
         if raise_errors and self._first_error is not None and self._first_error[0] <= seq:
             raise self._first_error[1]
 

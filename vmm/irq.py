@@ -84,10 +84,8 @@ class Line(PendingIrq):
         self.level = level
         # Plain by construction: the line's number (from range()) and a bool.
         self._tracer.emit_plain("irq_line", {"line": self.number, "level": level})
-        if level and not (self.scheduled or self.queued or self.handler is None
-                          or self.disabled):   # _arm inlined
-            self.scheduled = True
-            self._sched.schedule(self.chip.latency_ns, self._fire_cb, self._label)
+        if level:
+            self._arm()
 
     # device side (device_model.ports.IrqLine): with no fault hook the level the device
     # asks for is the level the controller sees (the hook's setter puts a check first).

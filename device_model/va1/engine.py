@@ -301,7 +301,7 @@ class CommandProcessor:
         assert sched is not None
         if (sched.lone is not fs or sched._dispatching
                 or fs.running or self.sleeping or fs.stopped or not fs.bus_master
-                or any(self.pending) or any(self.resume)):   # has_work()
+                or self.has_work()):
             return False
         engines = sched.engines
         if None not in engines:

@@ -59,19 +59,15 @@ class MmioTransport(TransportCore):
     # --- VirtioInterrupt (handed to the device at DRIVER_OK) --------------------------
 
     def signal_used(self, queue_index: int) -> None:
-        self.interrupt_status |= R.INT_VRING   # _raise(R.INT_VRING), without its frame
-        # both the transport's own ints
-        self._emit_plain("irq", {"bits": R.INT_VRING, "status": self.interrupt_status})
-        if not self._irq_level:
-            self._irq_level = True
-            self.irq.set_level(True)
+        self._raise(R.INT_VRING)
 
     def signal_config_change(self) -> None:
         self._raise(R.INT_CONFIG)
 
     def _raise(self, bits: int) -> None:
+        """Set ISR `bits` (the transport's own R.INT_* ints) and the line."""
         self.interrupt_status |= bits
-        self.tracer.emit("irq", bits=bits, status=self.interrupt_status)
+        self._emit_plain("irq", {"bits": bits, "status": self.interrupt_status})
         if not self._irq_level:   # _set_irq with the status known non-zero
             self._irq_level = True
             self.irq.set_level(True)
@@ -133,10 +129,7 @@ class MmioTransport(TransportCore):
                 return
             if offset == R.INTERRUPT_ACK:
                 self.interrupt_status &= ~(value & 0xFFFF_FFFF)
-                level = self.interrupt_status != 0   # _set_irq, without its frame
-                if level != self._irq_level:
-                    self._irq_level = level
-                    self.irq.set_level(level)
+                self._set_irq()
                 return
         if not 0 <= offset < R.REGION_SIZE:
             return

@@ -400,15 +400,8 @@ class SplitRing:
                             head, length)
             new = self.next_used_idx = (old + 1) & 0xFFFF
             _U16_INTO(mem, self._used_idx_off, new)
-            old = self._signalled_used
-            self._signalled_used = new
-            if old == new:
-                return False
-            if self.event_idx:   # vring_need_event, inline
-                event: int = _U16_FROM(mem, self._used_event_off)[0]
-                return ((new - event - 1) & 0xFFFF) < ((new - old) & 0xFFFF)
-            return not _U16_FROM(mem, self._avail_flags_off)[0] & V.AVAIL_F_NO_INTERRUPT
-        self.push_used(dma, head, length)
+        else:
+            self.push_used(dma, head, length)
         return self.needs_interrupt(dma)
 
     def needs_interrupt(self, dma: DmaPort) -> bool:
@@ -422,9 +415,8 @@ class SplitRing:
         else:
             mem = self._ring_mem(dma)
         if mem is not None:
-            if self.event_idx:   # vring_need_event, inline
-                event: int = _U16_FROM(mem, self._used_event_off)[0]
-                return ((new - event - 1) & 0xFFFF) < ((new - old) & 0xFFFF)
+            if self.event_idx:
+                return vring_need_event(_U16_FROM(mem, self._used_event_off)[0], new, old)
             return not _U16_FROM(mem, self._avail_flags_off)[0] & V.AVAIL_F_NO_INTERRUPT
         if self.event_idx:
             return vring_need_event(self.used_event(dma), new, old)
