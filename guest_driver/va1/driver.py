@@ -475,14 +475,16 @@ class VA1Device:
         self.transport.notify(q.index, q.ring.notification_data() if q.notify_data else None)
 
     def _wait(self, cond: Callable[[], bool], timeout_ns: int | None, what: str,
-              check_first: bool = True, **fields: object) -> bool:
-        """Wait for cond (checked first unless the caller just did), traced as `what`."""
+              check_first: bool = True, label: str | None = None, **fields: object) -> bool:
+        """Wait for cond (checked first unless the caller just did), traced as `what`;
+        `label` names the waiting task (made once by callers on a hot path)."""
         if check_first and cond():
             return True
         self.kernel.trace.emit("wait", dev=self.name, what=what,
                                timeout_ns=-1 if timeout_ns is None else timeout_ns,
                                **fields)   # _trace
-        return self.kernel.sched.wait_until(cond, timeout_ns, f"{self.name} {what}")
+        return self.kernel.sched.wait_until(cond, timeout_ns,
+                                            label or f"{self.name} {what}")
 
     def check_alive(self) -> None:
         if self.dead:
@@ -1299,15 +1301,8 @@ class VA1Device:
         if self.poll_wait and self.ready and not self.dead:
             return self._poll_fence(fence, timeout_ns)
         # timeout 0 still goes through wait_until: pending interrupts are delivered there
-        # (_wait(fence, timeout_ns, "fence", False, ...), inline)
-        timeout = -1 if timeout_ns is None else timeout_ns
-        fields: dict[str, object] = {"dev": self.name, "what": "fence", "timeout_ns": timeout,
-                                     "context": fence.context, "fence": fence.seq}
-        if type(timeout) is int:
-            self._emit_plain("wait", fields)
-        else:
-            self.kernel.trace.emit("wait", **fields)
-        return self.kernel.sched.wait_until(fence, timeout_ns, self._fence_what)
+        return self._wait(fence, timeout_ns, "fence", False, self._fence_what,
+                          context=fence.context, fence=fence.seq)
 
     def _poll_fence(self, fence: Fence, timeout_ns: int | None) -> bool:
         """`va1.poll_wait=1`: the wait reaps the fence's submit queue (whose interrupts
