@@ -317,7 +317,12 @@ class Va1Device(VirtioDevice):
             n = chain.write(self.dma, reply, win)
         except DmaFault as e:
             raise RingError("ring/dma", f"reply buffer: {e}") from None
-        if q.push_used_interrupt(self.dma, chain.head, n) and self.interrupt is not None:
+        self._used(q, qi, chain.head, n)
+
+    def _used(self, q: DeviceRing, qi: int, head: int, written: int) -> None:
+        """Chain `head` of queue qi goes back with `written` bytes; interrupt the driver
+        if it wants it."""
+        if q.push_used_interrupt(self.dma, head, written) and self.interrupt is not None:
             self.interrupt.signal_used(qi)
 
     # --- controlq --------------------------------------------------------------------
@@ -535,13 +540,11 @@ class Va1Device(VirtioDevice):
                     and dma is w.dma
                     and dma.view_epoch == w.epoch  # type: ignore[attr-defined]
                     and w.lo <= (addr := wr[0][0]) and addr + _SUBMIT_RESP_SIZE <= w.hi):
-                # _return_chain for the usual reply: not stale, one buffer that holds
-                # it inside the window (chain.write's own window write), packed in place
+                # the usual reply (a chain that is not stale, one buffer that holds it
+                # inside the window): packed in place instead of chain.write's copy
                 pack_submit_resp_into(w.mem, addr - w.lo, sub.status, sub.error_offset,
                                       sub.req.fence_seq, sub.start_ns, sub.end_ns)
-                if (q.push_used_interrupt(dma, chain.head, _SUBMIT_RESP_SIZE)
-                        and self.interrupt is not None):
-                    self.interrupt.signal_used(qi)
+                self._used(q, qi, chain.head, _SUBMIT_RESP_SIZE)
             else:
                 reply = pack_submit_resp(sub.status, sub.error_offset, sub.req.fence_seq,
                                          sub.start_ns, sub.end_ns)
