@@ -66,12 +66,7 @@ class GuestMmio:
         if region is None or region.direct:
             return self._read(addr, size)
         value = region.handler.read(addr - region.base, size) & _MASKS[size]
-        self.exits += 1
-        if type(addr) is int and type(size) is int and type(value) is int:
-            self._trace.emit_plain("mmio_read", {"addr": addr, "size": size, "value": value,
-                                                 "exit": True})
-        else:
-            self._trace.emit("mmio_read", addr=addr, size=size, value=value, exit=True)
+        self._trace_exit("mmio_read", addr, size, value)
         self._charge(self.exit_cost_ns)
         return value
 
@@ -80,14 +75,19 @@ class GuestMmio:
         if region is None or region.direct:
             self._write(addr, size, value)
             return
-        self.exits += 1
-        if type(addr) is int and type(size) is int and type(value) is int:
-            self._trace.emit_plain("mmio_write", {"addr": addr, "size": size, "value": value,
-                                                  "exit": True})
-        else:
-            self._trace.emit("mmio_write", addr=addr, size=size, value=value, exit=True)
+        self._trace_exit("mmio_write", addr, size, value)
         region.handler.write(addr - region.base, size, value & _MASKS[size])
         self._charge(self.exit_cost_ns)
+
+    def _trace_exit(self, kind: str, addr: int, size: int, value: int) -> None:
+        """Count and trace a trapped access of the fast path: ints it has tested as plain
+        go through emit_plain, anything else through the checked emit."""
+        self.exits += 1
+        if type(addr) is int and type(size) is int and type(value) is int:
+            self._trace.emit_plain(kind, {"addr": addr, "size": size, "value": value,
+                                          "exit": True})
+        else:
+            self._trace.emit(kind, addr=addr, size=size, value=value, exit=True)
 
     def _read(self, addr: int, size: int) -> int:
         """read() in general: an access claimed now or never, a direct region, a fault
