@@ -292,39 +292,15 @@ class CommandProcessor:
 
     def start_alone(self, sub: Submission) -> bool:
         """A submission arriving at a lone function (the scheduler's only one) with
-        nothing queued, running or asleep, a free engine and no dispatch under way: do
-        what `enqueue(sub)` and the scheduler's dispatch would, without their scans
-        (which could only find this submission), and return True. False: nothing was
-        done (the caller enqueues and dispatches)."""
-        sched = self.sched
+        nothing queued, running or asleep: started as `enqueue(sub)` and the scheduler's
+        dispatch would start it, without their scans (`Scheduler.start_lone`), and True.
+        False: nothing was done (the caller enqueues and dispatches)."""
         fs = self.fs
+        if fs.running or self.sleeping or fs.stopped or not fs.bus_master or self.has_work():
+            return False
+        sched = self.sched
         assert sched is not None
-        if (sched.lone is not fs or sched._dispatching
-                or fs.running or self.sleeping or fs.stopped or not fs.bus_master
-                or self.has_work()):
-            return False
-        engines = sched.engines
-        if None not in engines:
-            return False
-        slot = self.queues.index(sub.queue)
-        # enqueue: became_active, where min_active_vt of a lone function is 0.0
-        fs.vt = max(fs.vt, 0.0)
-        sched._active[fs.index] = fs
-        # dispatch: the first free engine to the only function; start_next: the only
-        # queue with work, where `sub` would be queued alone (so it is handed over
-        # without the queue). Nested dispatches wait for the end of the start, as in
-        # dispatch, which then looks again only if one was asked for.
-        sched._dispatching = True
-        sched._again = False
-        try:
-            self.start_next(engines.index(None), slot, sub)
-        except Exception as e:  # as in dispatch: this function alone fails
-            self.failed(e)
-        finally:
-            sched._dispatching = False
-        if sched._again:
-            sched.dispatch()
-        return True
+        return sched.start_lone(fs, self.queues.index(sub.queue), sub)
 
     def start_next(self, engine: int, slot: int | None = None,
                    sub: Submission | None = None) -> None:

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 from hwspec import va1
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .engine import CommandProcessor, _Run
+    from .engine import CommandProcessor, Submission, _Run
 
 
 @dataclass
@@ -150,6 +150,29 @@ class Scheduler:
         return False
 
     # --- dispatch ---------------------------------------------------------------------
+
+    def start_lone(self, fs: FunctionSched, slot: int, sub: Submission) -> bool:
+        """Start `sub` (queue `slot`) at `fs`, the only function, which the caller found
+        idle with nothing queued: what became_active and dispatch would do, without the
+        pick (it could only find fs). False, doing nothing, when fs is not the lone
+        function, a dispatch is under way or no engine is free."""
+        engines = self.engines
+        if self.lone is not fs or self._dispatching or None not in engines:
+            return False
+        self.became_active(fs)
+        # Nested dispatches wait for the end of the start, as in dispatch, which then
+        # looks again only if one was asked for.
+        self._dispatching = True
+        self._again = False
+        try:
+            fs.processor.start_next(engines.index(None), slot, sub)
+        except Exception as e:  # as in dispatch: this function alone fails
+            fs.processor.failed(e)
+        finally:
+            self._dispatching = False
+        if self._again:
+            self.dispatch()
+        return True
 
     def dispatch(self) -> None:
         """Give free engines to functions with work: each free engine to the startable

@@ -350,7 +350,7 @@ class VA1File:
         ctx = self._contexts.get(a.context_id)   # _ctx
         if ctx is None:
             ctx = self._ctx(a.context_id)
-        nq = len(dev._queues) - A.FIRST_SUBMITQ   # dev.num_submit_queues
+        nq = dev.num_submit_queues
         queue = a.queue
         if queue >= nq:
             raise _err(errno.EINVAL, f"SUBMIT: queue {queue} out of range 0..{nq - 1}")

@@ -128,7 +128,7 @@ def test_the_fast_paths_are_taken_for_the_usual_submission(
     rig.clock.run()
     calls: list[str] = []
     for cls, name in ((SplitRing, "_walk"), (SplitRing, "pop"), (SplitRing, "push_used"),
-                      (CommandProcessor, "enqueue"), (Scheduler, "became_active"),
+                      (CommandProcessor, "enqueue"), (Scheduler, "start_lone"),
                       (CommandProcessor, "startable"), (C.ResolveCache, "lookup")):
         orig = getattr(cls, name)
 
@@ -140,7 +140,7 @@ def test_the_fast_paths_are_taken_for_the_usual_submission(
     resp = _submit_indirect(rig, cid, nop(), 2)
     rig.kick()
     rig.clock.run()
-    assert calls == ["pop"]                                    # one pop, nothing else
+    assert calls == ["pop", "start_lone"]            # one pop, the lone start, nothing else
     assert struct.unpack("<IIQQQ", rig.dma.g_read(resp, 32))[:3] == (Status.OK, 0xFFFFFFFF, 2)
     assert rig.dev.processor.sched._active == {}               # idle again
 
