@@ -41,7 +41,7 @@ class RangeAllocator:
         self._free_ends: list[int] = [base + size] if size else []
         self._allocated: dict[int, int] = {}  # start -> size
         # The newest allocation while no other operation followed it, and one freed
-        # right after it was made (`_Edit`); see `alloc_dma`.
+        # right after it was made (`_Edit`); see `alloc`.
         self._newest: _Edit | None = None
         self._undone: _Edit | None = None
 
@@ -59,6 +59,17 @@ class RangeAllocator:
             raise ValueError(f"{self.name}: allocation size must be > 0, got {size}")
         if align <= 0 or align & (align - 1):
             raise ValueError(f"{self.name}: alignment must be a power of two, got {align}")
+        edit = self._undone
+        if edit is not None and edit[1] == size and edit[2] == align:
+            # Like the allocation freed right before it, with nothing in between (a
+            # driver's copy of each command buffer, made and freed per submission): the
+            # free list is as it was before that allocation, so first fit answers the
+            # same address; the same edit of the list is made again without the search.
+            self._free_starts, self._free_ends = edit[4]
+            self._undone = None
+            self._newest = edit
+            self._allocated[edit[0]] = size
+            return edit[0]
         self._undone = None
         starts, ends = self._free_starts, self._free_ends
         mask = align - 1
@@ -151,19 +162,5 @@ class PageAllocator(RangeAllocator):
         return self.alloc(align_up(size, PAGE_SIZE), PAGE_SIZE)
 
     def alloc_dma(self, size: int, align: int = 16) -> int:
-        """`size` bytes (rounded up to 16) aligned to `align` (at least 16). A request
-        like the last allocation, right after that was freed with nothing in between
-        (a driver's copy of each command buffer, made and freed per submission), finds
-        the free list as it was before that allocation: first fit answers the same
-        address, so the same edit of the list is made again without the search."""
-        size = (size + 15) & ~15   # align_up(size, 16)
-        if align < 16:
-            align = 16
-        edit = self._undone
-        if edit is not None and edit[1] == size and edit[2] == align:
-            self._free_starts, self._free_ends = edit[4]
-            self._undone = None
-            self._newest = edit
-            self._allocated[edit[0]] = size
-            return edit[0]
-        return self.alloc(size, align)
+        """`size` bytes (rounded up to 16) aligned to `align` (at least 16)."""
+        return self.alloc((size + 15) & ~15, align if align > 16 else 16)

@@ -172,12 +172,12 @@ _Look = tuple[_Queue, DriverRing[_Token], Optional[memoryview], int]
 def _used_look(q: _Queue) -> _Look:
     """How the interrupt handler reads q's used index: a split ring's `used_view` cast
     to native u16 (the ring's own little-endian u16 on a little-endian host), indexed
-    in C without a struct call; a packed ring, or an odd offset or length, or a
-    big-endian host, is asked `has_used()`. Made when the queues are set up: a ring's
-    `used_view` is fixed for its life."""
+    in C without a struct call; a packed ring (no `used_view`) or a big-endian host is
+    asked `has_used()`. Made when the queues are set up: a ring's `used_view` is fixed
+    for its life."""
     ring = q.ring
     view = ring.used_view
-    if view is None or not _LITTLE_ENDIAN or len(view) & 1 or ring.used_off & 1:
+    if view is None or not _LITTLE_ENDIAN:
         return q, ring, None, 0
     return q, ring, view.cast("H"), ring.used_off >> 1
 
@@ -516,11 +516,7 @@ class VA1Device:
             return
         self._in_irq = True
         try:
-            if queues is None and not config and self.ready and not self.dead:
-                self.interrupts += 1   # _handle_interrupt: used buffers, on some queue
-                self._reap_all()
-            else:
-                self._handle_interrupt(config, queues)
+            self._handle_interrupt(config, queues)
             while self._irq_again:
                 self._handle_interrupt(*self._irq_again.pop(0))
         finally:
@@ -660,7 +656,7 @@ class VA1Device:
                 base = q.slot_base + token.slot * q.slot_size   # slot_addr
                 resp = self.kernel.memory.read(base + CTRL_REQ_MAX, ulen) if ulen else b""
                 q.free_slots.append(token.slot)
-                token.status = (struct.unpack_from("<I", resp)[0] if ulen >= 4
+                token.status = (_U32_AT(resp)[0] if ulen >= 4
                                 else int(A.Status.BAD_REQUEST))
                 token.resp = resp
                 token.done = True

@@ -35,7 +35,8 @@ class DriverRing(Protocol[T]):
     # A layout whose device publishes a used index (split): the ring memory holding it
     # and its offset there; that u16 differs from `last_used` exactly when an unbroken
     # ring `has_used()`, so an interrupt handler looks at every ring without a call per
-    # ring. None (packed: used entries are marked in the descriptors): ask `has_used()`.
+    # ring. None (packed: used entries are marked in the descriptors): ask `has_used()`;
+    # `used_off` and `last_used` then mean nothing.
     used_view: memoryview | None
     used_off: int
     last_used: int

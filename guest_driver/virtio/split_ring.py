@@ -75,8 +75,7 @@ class SplitQueue(Generic[T]):
                          | (1 << V.F_NOTIFICATION_DATA if notification_data else 0))
         self.max_indirect = max_indirect if indirect else 0
         self.layout = RingLayout(num, self.max_indirect)
-        # descriptors `add_pair` takes: 1 with an indirect table of two, else 2
-        self._pair_need = 1 if self.max_indirect >= 2 else 2
+        self._pair_need = self.descs_needed(2)   # what `add_pair` takes
         self._alloc = alloc
         self.base = alloc.alloc(self.layout.total, 4096)
         # The whole ring allocation as one memoryview, bounds-checked once here: every
@@ -250,15 +249,7 @@ class SplitQueue(Generic[T]):
         _U16.pack_into(ring, lay.avail_ring + V.AVAIL_ELEM * (old % self.num), head)
         self.avail_idx = new = (old + 1) & 0xFFFF
         _U16.pack_into(ring, lay.avail_idx, new)
-        # kick_prepare()
-        old = self._kicked_idx
-        self._kicked_idx = new
-        if new == old:
-            return False
-        if self.event_idx:
-            event: int = _U16.unpack_from(ring, lay.avail_event)[0]
-            return ((new - event - 1) & 0xFFFF) < ((new - old) & 0xFFFF)   # vring_need_event
-        return not _U16.unpack_from(ring, lay.used)[0] & V.USED_F_NO_NOTIFY
+        return self.kick_prepare()
 
     def kick_prepare(self) -> bool:
         """Whether the device must be notified of what was added since the last call."""
@@ -268,7 +259,7 @@ class SplitQueue(Generic[T]):
             return False
         if self.event_idx:
             event: int = _U16.unpack_from(self._ring, self.layout.avail_event)[0]
-            return ((new - event - 1) & 0xFFFF) < ((new - old) & 0xFFFF)   # vring_need_event
+            return vring_need_event(event, new, old)
         (flags,) = _U16.unpack_from(self._ring, self.layout.used)
         return not flags & V.USED_F_NO_NOTIFY
 
