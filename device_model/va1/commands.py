@@ -129,11 +129,18 @@ class ResolveCache:
         self._buffers: dict[bytes, _KeptBuffer] = {}
         self._buffer_bytes = 0
         self._state: tuple[object, ...] = ()
-        # The env of the last lookup and its address space's generation then: decode
-        # asks lookup only when its env is another one, that generation moved or the
-        # memo is full (otherwise lookup would find its state unchanged, empty nothing).
-        self._env: DecodeEnv | None = None
-        self._generation = -1
+        self._env: DecodeEnv | None = None   # the env of the last lookup
+
+    def find(self, env: DecodeEnv, buf: bytes
+             ) -> tuple[dict[tuple[int, bytes], Command], "_KeptBuffer | None"]:
+        """What lookup answers, asking it only when `env` is not the last lookup's, its
+        address space's generation moved since (`_state[3]`) or the memo is full:
+        otherwise lookup would find its state unchanged and empty nothing."""
+        aspace = env.aspace
+        if (env is self._env and (aspace is None or aspace.generation == self._state[3])
+                and len(self._entries) < self.MAX_ENTRIES):
+            return self._entries, self._buffers.get(buf)
+        return self.lookup(env, buf)
 
     def lookup(self, env: DecodeEnv, buf: bytes
                ) -> tuple[dict[tuple[int, bytes], Command], "_KeptBuffer | None"]:
@@ -150,9 +157,8 @@ class ResolveCache:
             self._buffers.clear()
             self._buffer_bytes = 0
             self._state = state
-        self._env, self._generation = env, state[3]
+        self._env = env
         return self._entries, self._buffers.get(buf)
-
 
     def keep_buffer(self, buf: bytes, cmds: list[Command],
                     rechecks: list[tuple[Command, Recheck]]) -> None:
@@ -297,12 +303,7 @@ def decode(buf: bytes, env: DecodeEnv) -> list[Command]:
     cache = env.cache
     if cache is None or type(buf) is not bytes or BREAKS:
         return _decode(buf, env, 0, _top_budget(buf, env))
-    aspace = env.aspace
-    if (env is cache._env and (aspace is None or aspace.generation == cache._generation)
-            and len(cache._entries) < cache.MAX_ENTRIES):
-        memo, kept = cache._entries, cache._buffers.get(buf)
-    else:
-        memo, kept = cache.lookup(env, buf)
+    memo, kept = cache.find(env, buf)
     if kept is None:
         owed = _Owed()
         cmds = _decode(buf, env, 0, _top_budget(buf, env), memo, owed)

@@ -62,9 +62,8 @@ class Context:
     flat: bool = False
     aspace: AddressSpace = field(default_factory=AddressSpace)
     resolved: ResolveCache = field(default_factory=ResolveCache)
-    # The DecodeEnv of its submissions, kept with the features it was made for (_env).
+    # The DecodeEnv of its submissions, made at the first one (_env).
     env: DecodeEnv | None = field(default=None, repr=False, compare=False)
-    env_features: int = field(default=-1, repr=False, compare=False)
 
 
 class Va1Device(VirtioDevice):
@@ -498,27 +497,24 @@ class Va1Device(VirtioDevice):
                 buf = dma.read(addr, n)
             except DmaFault:
                 return Status.DMA_FAULT, NO_OFFSET, []
-        env = ctx.env
-        if (env is None or ctx.env_features != self.acked_features
-                or env.config is not self.config or env.memory is not self.memory):
-            env = self._env(ctx)
         try:
-            return Status.OK, NO_OFFSET, decode(buf, env)
+            return Status.OK, NO_OFFSET, decode(buf, ctx.env or self._env(ctx))
         except CommandError as e:
             self.tracer.emit("cmd_invalid", queue=sub.queue, offset=e.offset,
                              status=e.status.name, message=e.message)
             return e.status, e.offset, []
 
     def _env(self, ctx: Context) -> DecodeEnv:
-        """The decode environment of `ctx`'s submissions, made and kept in it: made again
-        when the negotiated features, the config or the memory are not those it was made
-        for (the context's address space and resolve cache are its own for good)."""
+        """The decode environment of `ctx`'s submissions, made at its first one and kept
+        in it for good: nothing it holds changes while the context lives (features are
+        accepted only at FEATURES_OK and a reset or a reconfigure drops every context;
+        the context's address space and resolve cache are its own; a migration load makes
+        contexts without one)."""
         acked = self.acked_features
         env = ctx.env = DecodeEnv(
             self.config, self.memory, self.dma, bool(acked >> va1.F_FP16 & 1),
             bool(acked >> va1.F_TIMESTAMP & 1), int8=bool(acked >> va1.F_INT8 & 1),
             aspace=None if ctx.flat else ctx.aspace, cache=ctx.resolved)
-        ctx.env_features = acked
         return env
 
     def _complete_submission(self, sub: Submission) -> None:

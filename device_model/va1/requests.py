@@ -71,12 +71,13 @@ def pack_stats_resp(status: Status, submissions: int, commands: int, device_time
                        device_time_ns & m, dma_bytes & m, faults & m)
 
 
-pack_submit_resp: Callable[[Status, int, int, int, int], bytes] = struct.Struct(
-    va1.SUBMIT_RESP.format).pack
+_SUBMIT_RESP = struct.Struct(va1.SUBMIT_RESP.format)
+
+pack_submit_resp: Callable[[Status, int, int, int, int], bytes] = _SUBMIT_RESP.pack
 """pack_submit_resp(status, error_offset, fence_seq, start_ns, end_ns): the submitq
 response (a Struct's own pack: one is packed per submission)."""
 
-pack_submit_resp_into: Callable[..., None] = struct.Struct(va1.SUBMIT_RESP.format).pack_into
+pack_submit_resp_into: Callable[..., None] = _SUBMIT_RESP.pack_into
 """pack_submit_resp_into(buffer, offset, status, error_offset, fence_seq, start_ns,
 end_ns): the same response written in place."""
 

@@ -91,8 +91,9 @@ def _run(views: bool, features: int | None = None,
 
 
 def _general(mp: pytest.MonkeyPatch) -> None:
-    """Every new fast path off: the ring never known drained, no lone start, the
-    usual chain walked, completions in two ring calls."""
+    """The ring and lone-start fast paths off: the ring never known drained, the usual
+    chain walked, completions in two ring calls, no lone start. The others stay on (the
+    request and response in place in the window, the kept DecodeEnv, emit_plain)."""
     mp.setattr(SplitRing, "drained", property(lambda self: False, lambda self, v: None),
                raising=False)
     mp.setattr(split_ring, "_TWO_DESC_FROM", lambda mem, off: (0,) * 8)  # not the usual
@@ -336,8 +337,10 @@ def test_start_alone_starts_as_enqueue_and_dispatch_do() -> None:
 
 # --- the kept decode environment ------------------------------------------------------
 
-def test_a_context_keeps_its_env_until_the_features_change(
+def test_a_context_keeps_its_env_and_a_renegotiation_makes_a_new_one(
         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Features change only through a reset, which drops the contexts: the contexts of
+    the new negotiation get a new env, made for its features."""
     rig, cid = _idle_rig()
     lookups: list[int] = []
     orig = C.ResolveCache.lookup
@@ -348,13 +351,20 @@ def test_a_context_keeps_its_env_until_the_features_change(
     monkeypatch.setattr(C.ResolveCache, "lookup", lookup)
     assert rig.submit(cid, nop()).status == Status.OK
     env = rig.dev.contexts[cid].env
-    assert env is not None and lookups == [1]
+    assert env is not None and env.fp16 and lookups == [1]
     assert rig.submit(cid, nop(), fence=2).status == Status.OK
     assert rig.dev.contexts[cid].env is env and lookups == [1]   # kept, no lookup
-    rig.dev.acked_features &= ~(1 << va1.F_FP16)                # another negotiation
-    assert rig.submit(cid, nop(), fence=3).status == Status.OK
+    f16 = dm_driver.eltwise(0, 1, 16, 0, 64, 128)                 # an F16 ADD
+    assert rig.submit(cid, f16, fence=3).status == Status.OK
+    rig.features = rig.offered() & ~(1 << va1.F_FP16)
+    rig.init()                                                    # reset, renegotiation
+    assert rig.dev.contexts == {}
+    cid = rig.create_context()
+    assert rig.dev.contexts[cid].env is None
+    assert rig.submit(cid, nop() * 2, fence=3).status == Status.OK
     new = rig.dev.contexts[cid].env
-    assert new is not env and new is not None and not new.fp16 and lookups == [1, 1]
+    assert new is not None and new is not env and not new.fp16 and lookups == [1, 1]
+    assert rig.submit(cid, f16, fence=4).status == Status.BAD_DTYPE
 
 
 def test_a_mapping_change_sends_decode_through_lookup(
