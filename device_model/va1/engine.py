@@ -296,22 +296,22 @@ class CommandProcessor:
         dispatch would start it, without their scans (`Scheduler.start_lone`), and True.
         False: nothing was done (the caller enqueues and dispatches)."""
         fs = self.fs
-        if fs.running or self.sleeping or fs.stopped or not fs.bus_master or self.has_work():
+        if fs.halted or not self.idle():
             return False
         sched = self.sched
         assert sched is not None
-        return sched.start_lone(fs, self.queues.index(sub.queue), sub)
+        return sched.start_lone(fs, sub)
 
-    def start_next(self, engine: int, slot: int | None = None,
-                   sub: Submission | None = None) -> None:
-        """The scheduler gave us `engine`: start (or resume) our next queue's work
-        (`slot`: the caller knows it is the only startable queue; `sub`: with `slot`,
-        the submission that would be alone in it, not queued, with no run to resume).
+    def start_next(self, engine: int, sub: Submission | None = None) -> None:
+        """The scheduler gave us `engine`: start (or resume) our next queue's work, or
+        `sub`, the caller knowing it would be alone in its queue, not queued, with
+        nothing to resume and nothing else startable.
 
         The queue: round robin across contexts (the next context id after the last one
         started, among the heads of the startable queues), then across queues."""
         n = len(self.queues)
-        if slot is None:
+        if sub is None:
+            slot: int | None = None
             busy, resume, pending = self.busy, self.resume, self.pending
             best_key = None
             last = self._last_ctx
@@ -333,13 +333,10 @@ class CommandProcessor:
                 return
             self._last_ctx = best_key[1]
             run = resume[slot]
-        elif sub is not None:
+        else:
+            slot = self.queues.index(sub.queue)
             run = None
             self._last_ctx = sub.req.context_id
-        else:
-            run = self.resume[slot]
-            self._last_ctx = (run.sub if run is not None
-                              else self.pending[slot][0]).req.context_id
         self._rr = (slot + 1) % n
         self.busy[slot] = True
         self.fs.running += 1

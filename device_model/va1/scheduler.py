@@ -151,28 +151,32 @@ class Scheduler:
 
     # --- dispatch ---------------------------------------------------------------------
 
-    def start_lone(self, fs: FunctionSched, slot: int, sub: Submission) -> bool:
-        """Start `sub` (queue `slot`) at `fs`, the only function, which the caller found
-        idle with nothing queued: what became_active and dispatch would do, without the
-        pick (it could only find fs). False, doing nothing, when fs is not the lone
-        function, a dispatch is under way or no engine is free."""
+    def start_lone(self, fs: FunctionSched, sub: Submission) -> bool:
+        """Start `sub` at `fs`, the only function, which the caller found idle with
+        nothing queued: what became_active and dispatch would do, without the pick (it
+        could only find fs). False, doing nothing, when fs is not the lone function, a
+        dispatch is under way or no engine is free."""
         engines = self.engines
         if self.lone is not fs or self._dispatching or None not in engines:
             return False
         self.became_active(fs)
-        # Nested dispatches wait for the end of the start, as in dispatch, which then
-        # looks again only if one was asked for.
+        if self._start(fs, engines.index(None), sub):
+            self.dispatch()
+        return True
+
+    def _start(self, fs: FunctionSched, engine: int, sub: Submission | None = None) -> bool:
+        """`fs` starts its next work (or `sub`) on `engine`; a failure is its alone
+        (its processor's `failed`). Dispatches asked for meanwhile wait for the end of
+        the start: True when one was."""
         self._dispatching = True
         self._again = False
         try:
-            fs.processor.start_next(engines.index(None), slot, sub)
-        except Exception as e:  # as in dispatch: this function alone fails
+            fs.processor.start_next(engine, sub)
+        except Exception as e:  # that function alone fails; the others go on
             fs.processor.failed(e)
         finally:
             self._dispatching = False
-        if self._again:
-            self.dispatch()
-        return True
+        return self._again
 
     def dispatch(self) -> None:
         """Give free engines to functions with work: each free engine to the startable
@@ -190,34 +194,24 @@ class Scheduler:
             if not lone.running and None in self.engines:
                 active.pop(lone.index, None)
             return
-        self._dispatching = True
-        try:
-            while True:
-                self._again = False
-                engine = None
-                for i, r in enumerate(self.engines):
-                    if r is None:
-                        engine = i
-                        break
-                fs: FunctionSched | None = None
-                if engine is not None:   # the pick
-                    for f in list(active.values()):
-                        if not f.processor.startable():
-                            if not f.running and not f.processor.has_work():
-                                del active[f.index]
-                            continue
-                        if f.stopped or not f.bus_master:  # halted
-                            continue
-                        if fs is None or (-f.priority, f.vt, f.index) < (-fs.priority, fs.vt,
-                                                                         fs.index):
-                            fs = f
-                if engine is None or fs is None:
-                    if not self._again:
-                        break
-                    continue
-                try:
-                    fs.processor.start_next(engine)
-                except Exception as e:  # that function alone fails; the others go on
-                    fs.processor.failed(e)
-        finally:
-            self._dispatching = False
+        while True:   # a start's nested dispatches are this loop's next pick
+            engine = None
+            for i, r in enumerate(self.engines):
+                if r is None:
+                    engine = i
+                    break
+            fs: FunctionSched | None = None
+            if engine is not None:   # the pick
+                for f in list(active.values()):
+                    if not f.processor.startable():
+                        if not f.running and not f.processor.has_work():
+                            del active[f.index]
+                        continue
+                    if f.stopped or not f.bus_master:  # halted
+                        continue
+                    if fs is None or (-f.priority, f.vt, f.index) < (-fs.priority, fs.vt,
+                                                                     fs.index):
+                        fs = f
+            if engine is None or fs is None:
+                return
+            self._start(fs, engine)
