@@ -291,10 +291,11 @@ class CommandProcessor:
         self.sched.dispatch()  # type: ignore[union-attr]
 
     def start_alone(self, sub: Submission) -> bool:
-        """A submission arriving at a lone function (the scheduler's only one) with
-        nothing queued, running or asleep: started as `enqueue(sub)` and the scheduler's
-        dispatch would start it, without their scans (`Scheduler.start_lone`), and True.
-        False: nothing was done (the caller enqueues and dispatches)."""
+        """A submission arriving at a lone function (the scheduler's only one), idle
+        (nothing queued, running or asleep) and not halted: started as `enqueue(sub)`
+        and the scheduler's dispatch would start it, without their scans
+        (`Scheduler.start_lone`), and True. False: nothing was done (the caller
+        enqueues and dispatches)."""
         fs = self.fs
         if fs.halted or not self.idle():
             return False
