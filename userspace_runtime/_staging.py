@@ -93,21 +93,47 @@ class StagingPool:
 
     def alloc(self, nbytes: int, seq: int) -> Region:
         """A region of `nbytes` usable by submission `seq` (and not before it ends)."""
-        # 1. the tail of the block in use; 2. an idle block, from its start; 3. the tail
-        # of any busy block; 4. ask the driver what finished, then 2 again; 5. a new block.
         cur = self._current
         if cur is not None:
-            start = (cur.used + ALIGN - 1) // ALIGN * ALIGN
-            if start + nbytes <= cur.size:  # _fits and _take, inline: the common case
-                cur.used = start + nbytes
-                if cur.last_seq < seq:
-                    cur.last_seq = seq
+            start = self._bump(cur, nbytes, seq)
+            if start is not None:
                 return Region(cur, start, nbytes)
+        block, start = self._place(nbytes, seq)
+        return Region(block, start, nbytes)
+
+    def put(self, data: bytes | bytearray | memoryview, seq: int) -> tuple[StagingBlock, int]:
+        """Copy `data` into a region for submission `seq` (alloc + Region.write): the
+        block and offset it went to, with no Region built."""
+        nbytes = len(data)
+        cur = self._current
+        start = None if cur is None else self._bump(cur, nbytes, seq)
+        if cur is None or start is None:
+            cur, start = self._place(nbytes, seq)
+        cur.mem[start:start + nbytes] = data
+        return cur, start
+
+    @staticmethod
+    def _bump(block: StagingBlock, nbytes: int, seq: int) -> int | None:
+        """Take `nbytes` from the tail of `block` for submission `seq`: their offset, or
+        None if the tail is too short."""
+        start = (block.used + ALIGN - 1) // ALIGN * ALIGN
+        if start + nbytes > block.size:
+            return None
+        block.used = start + nbytes
+        if block.last_seq < seq:
+            block.last_seq = seq
+        return start
+
+    def _place(self, nbytes: int, seq: int) -> tuple[StagingBlock, int]:
+        """Where `nbytes` go once the tail of the block in use is too short: an idle
+        block, from its start; else the tail of any busy block; else, after asking the
+        driver what finished, an idle block again; else a new block."""
         block = self._find_idle(nbytes)
         if block is None:
-            tail = next((b for b in self.blocks if self._fits(b, nbytes)), None)
-            if tail is not None:
-                return self._take(tail, _round_up(tail.used, ALIGN), nbytes, seq)
+            for b in self.blocks:
+                start = self._bump(b, nbytes, seq)
+                if start is not None:
+                    return b, start
             if self.blocks:
                 self._poll()
                 block = self._find_idle(nbytes)
@@ -115,34 +141,9 @@ class StagingPool:
             block = self._new_block(nbytes)
         block.used = 0
         self._current = block
-        return self._take(block, 0, nbytes, seq)
-
-    def put(self, data: bytes | bytearray | memoryview, seq: int) -> tuple[StagingBlock, int]:
-        """Copy `data` into a region for submission `seq` (alloc + Region.write): the
-        block and offset it went to. The tail of the block in use takes it without a
-        Region."""
-        nbytes = len(data)
-        cur = self._current
-        if cur is not None:
-            start = (cur.used + ALIGN - 1) // ALIGN * ALIGN
-            if start + nbytes <= cur.size:  # alloc's common case
-                cur.used = start + nbytes
-                if cur.last_seq < seq:
-                    cur.last_seq = seq
-                cur.mem[start:start + nbytes] = data
-                return cur, start
-        region = self.alloc(nbytes, seq)
-        region.write(data)
-        return region.block, region.offset
-
-    @staticmethod
-    def _fits(block: StagingBlock, nbytes: int) -> bool:
-        return _round_up(block.used, ALIGN) + nbytes <= block.size
-
-    def _take(self, block: StagingBlock, start: int, nbytes: int, seq: int) -> Region:
-        block.used = start + nbytes
-        block.last_seq = max(block.last_seq, seq)
-        return Region(block, start, nbytes)
+        start = self._bump(block, nbytes, seq)
+        assert start == 0, "an idle or new block holds at least nbytes"
+        return block, start
 
     def _find_idle(self, nbytes: int) -> StagingBlock | None:
         best: StagingBlock | None = None

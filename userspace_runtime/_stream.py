@@ -51,8 +51,6 @@ def _where(site: tuple[str, int]) -> str:
     return f"{_os.path.basename(site[0])}:{site[1]}"
 
 
-_NO_BUFFERS: tuple[Buffer, ...] = ()   # enqueue's default: no buffers listed
-
 SUBMISSION_HISTORY = 1024   # results a Stream keeps (Stream.submissions)
 
 
@@ -549,7 +547,7 @@ class Stream:
                             f"{self.context.device.params['dtype_mask']:#x})")
 
     def enqueue(self, commands: CommandBufferBuilder,
-                buffers: Iterable[Buffer] = _NO_BUFFERS) -> None:
+                buffers: Iterable[Buffer] = ()) -> None:
         """Append prebuilt commands as they are (compiled code, negative tests).
 
         The runtime cannot see which buffers raw addresses refer to: list them in
@@ -562,22 +560,15 @@ class Stream:
         if not exact and not isinstance(commands, CommandBufferBuilder):
             raise TypeError(f"enqueue needs a CommandBufferBuilder, got "
                             f"{type(commands).__name__}")
-        # No buffers listed (the default): no list, dict or closure to build.
-        bufs = () if buffers is _NO_BUFFERS else [self._buffer(b, "enqueue buffer")
-                                                  for b in buffers]
-        size = len(commands._data) if exact else len(commands)
+        bufs = [self._buffer(b, "enqueue buffer") for b in buffers]
+        size = len(commands)
         if size == 0:
             return
         if size % _CMD_ALIGN or size > self._max_cmdbuf:
             raise ValueError(f"enqueue: {size} bytes of commands; a submission takes a "
                              f"multiple of {_CMD_ALIGN} up to {self._max_cmdbuf}")
-        if not bufs:
-            # _append with no handles: the open chunk, unless it holds commands already
-            # (then _room decides whether these still fit).
-            ch = self._open
-            if ch.builder._data:
-                ch = self._room(size, ())
-            ch.builder.extend(commands)
+        if not bufs:   # _append with no handles: no dict or closure to build
+            self._room(size, ()).builder.extend(commands)
             return
         handles = {b.handle: None for b in bufs}
         if len(handles) > uapi.MAX_SUBMIT_BUFFERS:
@@ -602,15 +593,17 @@ class Stream:
     def _submit_open(self) -> int | None:
         ch = self._open
         bld = ch.builder
-        data = bld._data
-        size = len(data)
+        size = len(bld)
         if not size:
             return None
         self._open = self._reopen(ch.seq + 1)
-        ch.nbytes, ch.commands = size, len(bld._cmd_rows)  # sealed: _retire reports them
+        ch.nbytes, ch.commands = size, bld.command_count  # sealed: _retire reports them
         try:
-            # One memcpy into staging, no Region or view built around the bytes.
-            block, offset = self._staging.put(data, ch.seq)
+            # One memcpy into staging, no Region built around the bytes. The view is
+            # released at once: an export would stop the builder from being cleared
+            # when the chunk is reused (a traceback may keep the frames holding it).
+            with bld.view() as data:
+                block, offset = self._staging.put(data, ch.seq)
             ch.fence = self._drv.submit(self.context.id, self.queue, block.handle,
                                         offset, size, ch.handles, ch.commands)
         except BaseException as e:

@@ -137,3 +137,32 @@ def test_a_reopened_chunk_never_touches_one_in_flight(make_os: Any) -> None:
     s.flush()
     assert s._open is first and s._open.seq == 4   # the last one retired: opened again
     assert fake.file.submissions[-1].commands[0]["offset"] == 0
+
+
+def test_a_chunk_whose_copy_to_staging_failed_is_opened_again(make_os: Any) -> None:
+    """The stream copies a chunk's commands to staging through a view it releases at
+    once: the failed chunk, retired with its error (and the error's traceback) kept, is
+    cleared and opened again for the next submission."""
+    from hwspec import va1
+
+    s = Device(make_os()).create_context().create_stream()
+    nop = CommandBufferBuilder()
+    nop.nop()
+    put = s._staging.put
+
+    def fail(data: Any, seq: int) -> Any:
+        s._staging.put = put  # type: ignore[method-assign]
+        raise RuntimeError("staging copy failed")
+
+    s._staging.put = fail  # type: ignore[method-assign]
+    s.enqueue(nop)
+    with pytest.raises(RuntimeError, match="staging copy failed") as kept:
+        s.flush()
+    failed = s._inflight[0]
+    s._poll()                                # retires it: opened again next
+    assert s._retired is failed and s.submissions[-1].status == va1.Status.ABORTED
+    s.enqueue(nop)
+    with pytest.raises(RuntimeError, match="staging copy failed"):
+        s.synchronize()                      # the stream's first error, still sticky
+    assert s._open is failed and failed.builder.command_count == 0
+    assert kept.value.__traceback__ is not None
