@@ -31,9 +31,7 @@ class GuestMmio:
     unless the region is mapped straight into the guest (passthrough)."""
 
     def __init__(self, machine: Machine, bus: MmioBus, tracer: SourceTracer, exit_cost_ns: int) -> None:
-        self._machine = machine
         self._charge = machine.charge
-        self._sched = machine.sched
         self._bus = bus
         self._claims = bus.claims   # the bus's, emptied in place when its regions change
         # The claims the fast path may use: the bus's, or none while a fault plan watches.
@@ -64,7 +62,7 @@ class GuestMmio:
     def read(self, addr: int, size: int) -> int:
         region = self._fast_claims.get((addr, size))
         if region is None or region.direct:
-            return self._read(addr, size)
+            return self._read(addr, size, region)
         value = region.handler.read(addr - region.base, size) & _MASKS[size]
         self._trace_exit("mmio_read", addr, size, value)
         self._charge(self.exit_cost_ns)
@@ -73,15 +71,15 @@ class GuestMmio:
     def write(self, addr: int, size: int, value: int) -> None:
         region = self._fast_claims.get((addr, size))
         if region is None or region.direct:
-            self._write(addr, size, value)
+            self._write(addr, size, value, region)
             return
         self._trace_exit("mmio_write", addr, size, value)
         region.handler.write(addr - region.base, size, value & _MASKS[size])
         self._charge(self.exit_cost_ns)
 
     def _trace_exit(self, kind: str, addr: int, size: int, value: int) -> None:
-        """Count and trace a trapped access of the fast path: ints it has tested as plain
-        go through emit_plain, anything else through the checked emit."""
+        """Count and trace a trapped access: exact ints go through emit_plain, anything
+        else through the checked emit."""
         self.exits += 1
         if type(addr) is int and type(size) is int and type(value) is int:
             self._trace.emit_plain(kind, {"addr": addr, "size": size, "value": value,
@@ -89,47 +87,48 @@ class GuestMmio:
         else:
             self._trace.emit(kind, addr=addr, size=size, value=value, exit=True)
 
-    def _read(self, addr: int, size: int) -> int:
+    def _read(self, addr: int, size: int, claimed: Region | None = None) -> int:
         """read() in general: an access claimed now or never, a direct region, a fault
-        plan's exit delay."""
+        plan's exit delay. `claimed`: the region read() found claimed, if any."""
         bus = self._bus
-        region = self._claims.get((addr, size)) or bus.claim(addr, size)
+        region = claimed or self._claims.get((addr, size)) or bus.claim(addr, size)
         if region is not None:
-            value = region.handler.read(addr - region.base, size) & ((1 << (8 * size)) - 1)
+            value = region.handler.read(addr - region.base, size) & _MASKS[size]
         else:
             region = bus.find(addr, size)
             value = bus.read_in(region, addr, size)
-        exit_ = region is None or not region.direct
-        if exit_:
-            self.exits += 1
+        if region is None or not region.direct:
+            self._trace_exit("mmio_read", addr, size, value)
+            self._charge_exit(addr, size)
         else:
             self.direct_accesses += 1
-        self._trace.emit("mmio_read", addr=addr, size=size, value=value, exit=exit_)
-        if exit_:
-            hook = self._hook
-            self._charge(self.exit_cost_ns if hook is None
-                                 else self.exit_cost_ns + hook.exit_delay_ns(addr, size))
+            self._trace.emit("mmio_read", addr=addr, size=size, value=value, exit=False)
         return value
 
-    def _write(self, addr: int, size: int, value: int) -> None:
+    def _write(self, addr: int, size: int, value: int, claimed: Region | None = None) -> None:
         """write() in general (see _read)."""
         bus = self._bus
-        claimed = self._claims.get((addr, size)) or bus.claim(addr, size)
+        claimed = claimed or self._claims.get((addr, size)) or bus.claim(addr, size)
         region = claimed if claimed is not None else bus.find(addr, size)
         exit_ = region is None or not region.direct
         if exit_:
-            self.exits += 1
+            self._trace_exit("mmio_write", addr, size, value)
         else:
             self.direct_accesses += 1
-        self._trace.emit("mmio_write", addr=addr, size=size, value=value, exit=exit_)
+            self._trace.emit("mmio_write", addr=addr, size=size, value=value, exit=False)
         if claimed is not None:
-            claimed.handler.write(addr - claimed.base, size, value & ((1 << (8 * size)) - 1))
+            claimed.handler.write(addr - claimed.base, size, value & _MASKS[size])
         else:
             bus.write_in(region, addr, size, value)
         if exit_:
-            hook = self._hook
-            self._charge(self.exit_cost_ns if hook is None
-                                 else self.exit_cost_ns + hook.exit_delay_ns(addr, size))
+            self._charge_exit(addr, size)
+
+    def _charge_exit(self, addr: int, size: int) -> None:
+        """Charge a trapped access of the general path: the exit, plus the fault plan's
+        delay while one is installed."""
+        hook = self._hook
+        self._charge(self.exit_cost_ns if hook is None
+                     else self.exit_cost_ns + hook.exit_delay_ns(addr, size))
 
 
 class GuestTimer(PendingIrq):
@@ -181,7 +180,8 @@ class GuestSched:
             partial(GuestTimer, machine, domain=domain)
         # wait_until(cond, timeout_ns, what) is the machine's: a condition marked with
         # guest_state is declared with this kernel's domain (vmm.machine), any other is
-        # not. The machine asks `declared` only once the wait has to block.
+        # not. The machine asks `declared` once the wait begins: at once for a wait with
+        # a deadline, only once it has to block for a wait without one.
         self.wait_until: Callable[[Callable[[], bool], int | None, str], bool] = partial(
             machine.wait_declared, domain, None if domain is None else reads_guest_state_only)
 

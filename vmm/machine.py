@@ -119,8 +119,11 @@ class GuestTask:
 
 class PendingIrq:
     """What the interrupt controller queues for delivery in guest context. `domain`: the
-    guest kernel whose handler runs (None: it may change anything)."""
+    guest kernel whose handler runs (None: it may change anything). No slots of its own
+    and no __dict__: a subclass that declares slots (GuestTimer) gets none, one that
+    does not (Line) keeps its __dict__."""
 
+    __slots__ = ()
     domain: WaitDomain | None = None
 
     def deliver(self) -> None:
@@ -192,9 +195,7 @@ class Machine:
         while pending:
             irq = pending.popleft()
             irq.deliver()
-            domain = irq.domain
-            if self._declared if domain is None else domain.waiting:   # else a no-op
-                self._touch(domain)
+            self._touch(irq.domain)
 
     # -- the ready set ---------------------------------------------------------------
     def wait_domain(self, name: str) -> WaitDomain:
@@ -380,26 +381,26 @@ class Machine:
                                 f"no event is pending and no other task can run")
 
     def wait_until(self, cond: Callable[[], bool], timeout_ns: int | None, what: str,
-                   domain: WaitDomain | None = None,
-                   declared: Callable[[Callable[[], bool]], bool] | None = None) -> bool:
+                   domain: WaitDomain | None = None) -> bool:
         """Block until cond() holds (True) or the virtual timeout passes (False).
         `domain`: cond reads only state that code of this domain changes (module
         docstring); None: cond may read anything (device registers, memory a device
-        writes, virtual time) and is checked at every pick. `declared`: when given,
-        cond is declared with `domain` only if declared(cond) (asked once the wait
-        begins), else it is undeclared.
+        writes, virtual time) and is checked at every pick. A guest kernel's waits come
+        through wait_declared, which also says which conditions are declared.
 
         A task's wait with no deadline that ends at its first check (after the pending
         interrupts are delivered) never reaches a pick: its ready-set bookkeeping
         (`_begin_wait`, `_end_wait`) is done only once the wait has to block. A wait with
         a deadline begins at once: the deadline bounds the horizon devices see."""
-        return self.wait_declared(domain, declared, cond, timeout_ns, what)
+        return self.wait_declared(domain, None, cond, timeout_ns, what)
 
     def wait_declared(self, domain: WaitDomain | None,
                       declared: Callable[[Callable[[], bool]], bool] | None,
                       cond: Callable[[], bool], timeout_ns: int | None, what: str) -> bool:
-        """wait_until with the declaration first: a guest kernel's services bind its
-        domain with functools.partial (positional: a C call, no frame of their own)."""
+        """wait_until with the declaration first: `declared`, when given, says whether
+        cond is declared with `domain` (asked once the wait begins), else it is
+        undeclared. A guest kernel's services bind both with functools.partial
+        (positional: a C call, no frame of their own)."""
         now = self.sched._now
         deadline = None if timeout_ns is None or timeout_ns < 0 else now + int(timeout_ns)
         begun = False
@@ -411,8 +412,7 @@ class Machine:
             who = me.name
             # What this task did since it last ran (its own index is not among the
             # waiters touched, so this comes first either way).
-            if self._declared if me.domain is None else me.domain.waiting:
-                self._touch(me.domain)
+            self._touch(me.domain)
             if deadline is not None:
                 self._begin_wait(me, cond, deadline, what, domain, declared)
                 begun = True
@@ -482,7 +482,7 @@ class Machine:
                     what: str, domain: WaitDomain | None,
                     declared: Callable[[Callable[[], bool]], bool] | None) -> None:
         """The wait of `me` begins: it leaves the known ready, is a candidate, joins its
-        domain's waiters (if cond is declared with it: see wait_until) and the deadline
+        domain's waiters (if cond is declared with it: see wait_declared) and the deadline
         heaps."""
         if declared is not None and domain is not None and not declared(cond):
             domain = None

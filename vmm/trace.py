@@ -146,14 +146,12 @@ class Trace:
         fields = dict(fields)  # a snapshot: the caller may reuse its dict
         pending = self._pending
         pending.append((t, source, kind, fields))
-        if len(pending) >= _BATCH:
-            self._flush()
-        if self._observed:
-            self._observe(TraceEvent(t, source, kind, tuple(fields.items())))
+        if len(pending) >= self._limit:
+            self._appended()
 
     def _appended(self) -> None:
-        """A source tracer's entry made its pending list reach `_limit`: hash a full
-        batch, then show the event to the observers."""
+        """An entry (of emit or a source tracer) made the pending list reach `_limit`:
+        hash a full batch, then show the event to the observers."""
         pending = self._pending
         t, source, kind, fields = pending[-1]
         if len(pending) >= _BATCH:
@@ -191,8 +189,8 @@ class SourceTracer:
         trace._tracers.add(self)
 
     def emit(self, kind: str, **fields: object) -> None:
-        # Trace.emit inlined (the hot path of every layer); the pending entry holds the
-        # kwargs dict itself (fresh per call, never mutated): it pickles in order.
+        # Trace.emit's checks and append, without its snapshot: the pending entry holds
+        # the kwargs dict itself (fresh per call, never mutated): it pickles in order.
         for value in fields.values():
             if type(value) not in _PLAIN_SET:
                 _check(value)

@@ -399,7 +399,9 @@ def test_guest_mmio_fast_and_general_paths_agree() -> None:
 
 def test_guest_mmio_fast_path_falls_back_for_unplain_values_and_hooks() -> None:
     """Values not of exact type int go through emit (which checks them); a numpy int is
-    traced as the general path traces it; an object is refused with the same error."""
+    traced as the general path traces it; an object is refused with the same error. With
+    a fault hook installed a claimed access takes the general path: charged the exit and
+    the hook's delay, traced as before."""
     m, bus, mmio, regs = _mmio()
     mmio.write(0x1000, 4, 1)                       # claimed
     mmio.write(0x1000, 4, np.uint32(5))            # claimed, value not an exact int
@@ -417,6 +419,25 @@ def test_guest_mmio_fast_path_falls_back_for_unplain_values_and_hooks() -> None:
     mmio.write(0x1000, 4, Weird(2))                # an int subclass: checked, allowed
     assert regs.log[-1] == ("w", 0, 4, 2)
 
+    class Delay:
+        def exit_delay_ns(self, addr: int, size: int) -> int:
+            return 7
+
+    m, bus, mmio, regs = _mmio()
+    mmio.fault_hook = Delay()
+    mmio.write(0x1004, 1, 0x1ff)
+    assert mmio.read(0x1008, 2) == 0x7788
+    assert regs.log == [("w", 4, 1, 0xff), ("r", 8, 2, 0)]
+    assert mmio.exits == 2 and m.now_ns() == 2 * 107
+    ref, _, rmmio, _ = _mmio()
+    rmmio.write(0x1004, 1, 0x1ff)
+    ref.sched.advance_to(107)
+    assert rmmio.read(0x1008, 2) == 0x7788
+    assert [(e.t_ns, e.kind, e.fields) for e in m.trace.events] == \
+        [(e.t_ns, e.kind, e.fields) for e in ref.trace.events]
+    mmio.fault_hook = None
+    assert mmio.read(0x1008, 2) == 0x7788 and m.now_ns() == 2 * 107 + 100
+
 
 def test_guest_mmio_exit_cost_zero_does_not_move_the_clock() -> None:
     m, bus, mmio, _ = _mmio(exit_cost=0)
@@ -426,9 +447,9 @@ def test_guest_mmio_exit_cost_zero_does_not_move_the_clock() -> None:
     assert m.now_ns() == 0 and mmio.exits == 3
 
 
-def test_line_inline_arm_matches_arm() -> None:
-    """apply_level arms the line as _arm does: once while scheduled or queued, never
-    without a handler or when disabled; the irq_line events are the same as emit's."""
+def test_line_arms_once_and_traces_irq_line() -> None:
+    """A line is armed once while its delivery is scheduled, never without a handler;
+    its irq_line events are the ones emit makes (same digest)."""
     m = Machine(0, keep_trace=True)
     chip = InterruptController(m, "vm0.irq", latency_ns=10)
     hits: list[int] = []
@@ -440,12 +461,16 @@ def test_line_inline_arm_matches_arm() -> None:
     assert len([t for t in m.sched._heap if t[2] is not None]) == 1
     chip.line(4).set_level(True)    # no handler: not armed
     assert len([t for t in m.sched._heap if t[2] is not None]) == 1
-    ref = Trace(lambda: 0)
-    for n, lv in ((2, True), (2, False), (2, True), (4, True)):
-        ref.tracer("vm0.irq").emit("irq_line", line=n, level=lv)
-    assert [(e.kind, e.fields) for e in m.trace.events if e.kind == "irq_line"] == \
+    start, *lines = m.trace.events
+    assert start.kind == "start"
+    assert [(e.kind, e.fields) for e in lines] == \
         [("irq_line", (("line", n), ("level", lv)))
          for n, lv in ((2, True), (2, False), (2, True), (4, True))]
+    ref = Trace(lambda: 0)
+    ref.emit(start.source, start.kind, dict(start.fields))
+    for n, lv in ((2, True), (2, False), (2, True), (4, True)):
+        ref.tracer("vm0.irq").emit("irq_line", line=n, level=lv)
+    assert m.trace.digest() == ref.digest()
 
 
 def test_wait_events_fall_back_to_emit_for_unplain_names() -> None:

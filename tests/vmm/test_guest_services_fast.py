@@ -70,11 +70,11 @@ def test_a_wait_ending_at_its_first_check_never_asks_whether_it_is_declared() ->
         return True
 
     def task() -> None:
-        assert m.wait_until(lambda: True, None, "now", dom, declared)
+        assert m.wait_declared(dom, declared, lambda: True, None, "now")
         assert asked == []
         flag: list[bool] = []
         m.sched.schedule(10, lambda: flag.append(True), "later")
-        assert m.wait_until(lambda: bool(flag), None, "later", dom, declared)
+        assert m.wait_declared(dom, declared, lambda: bool(flag), None, "later")
         assert len(asked) == 1          # asked once, when the wait began
 
     m.spawn(task, "t", dom)
