@@ -4,16 +4,18 @@
 Row (d) of `virtaccel bench` times one NOP through every hop of the stack. This script
 makes the same hops with the least Python each can take and prints its time against the
 bench's bare ring, in the same run: the stream writes the NOP to a HOST buffer and fills
-the SUBMIT argument (the real cffi struct of the uAPI); the device file looks up the
-context and buffer, checks the range and copies the bytes (a kept check per exact
-bytes); the driver takes a copy slot, writes the request and a three-descriptor chain and
-publishes it, arms its watchdog and kicks; the MMIO exit reaches the device; the device
-pops the chain, checks each descriptor's bounds, reads the request, decodes the
-command (kept per bytes), schedules the end in a heap; completion writes the response and
-the used entry and raises the line; the guest's wait delivers the interrupt, reads the
-ISR, writes the ACK, reaps, signals the fence, and WAIT fills its argument. Every hop
-emits the stack's 16 trace events through the real `vmm.trace` (same tracers, same
-digest machinery).
+the SUBMIT argument (the real cffi struct of the uAPI); the device file checks the
+argument's type, looks up the context and buffer, checks the range and copies the bytes;
+the driver keeps a check per exact bytes, takes a copy slot, writes the request and a
+three-descriptor chain and publishes it, arms its watchdog and kicks; the MMIO exit
+reaches the device; the device pops the chain, checks each descriptor's bounds, reads
+the request, decodes the command (kept per bytes), schedules the end in a heap;
+completion writes the response and the used entry and raises the line; the guest's wait
+delivers the interrupt, reads the ISR, writes the ACK, reaps, signals the fence, and
+WAIT fills its argument. Every hop emits the stack's 16 trace events, of the same
+sources and kinds, through the real `vmm.trace` (same tracers, same digest machinery);
+most carry fewer fields than the stack's (no engine or times on the device's, no task or
+reason on wait and wake, no exit flag on MMIO).
 
 What it leaves out is everything that makes the stack a strict, fault-injectable model:
 named rules for every field, DMA ports and the IOMMU, fault hooks, several contexts and
@@ -32,6 +34,8 @@ import struct
 import time
 from typing import Any, Callable
 
+import _cffi_backend
+
 from guest_driver import uapi
 from virtaccel.bench.ring import BareRing, round_trip
 from vmm.scheduler import Scheduler
@@ -49,6 +53,7 @@ _NOTIFY, _ISR, _ACK = 0x50, 0x60, 0x64
 _SUBMIT_T = uapi.ffi.typeof("struct drm_va1_submit *")
 _WAIT_T = uapi.ffi.typeof("struct drm_va1_wait *")
 _SUBMIT, _WAIT = 1, 2
+_typeof = _cffi_backend.typeof   # as the stack's device file asks it (no declaration parse)
 
 
 class Floor:
@@ -58,8 +63,9 @@ class Floor:
         self.sched = Scheduler()
         self.trace = Trace(self.sched.now_ns)
         tr = self.trace.tracer
-        self.t_kernel, self.t_cpu, self.t_dev = tr("kernel"), tr("cpu"), tr("va1.0")
-        self.t_irq, self.t_machine = tr("irq"), tr("machine")
+        # The stack's sources (its first VM is vm0).
+        self.t_kernel, self.t_cpu, self.t_dev = tr("vm0.kernel"), tr("vm0.cpu"), tr("vm0.va1.0")
+        self.t_irq, self.t_machine = tr("vm0.irq"), tr("machine")
         self.mem = bytearray(1 << 20)
         self.view = memoryview(self.mem)
         self.heap: list[list[Any]] = []
@@ -112,7 +118,7 @@ class Floor:
             self.run_until(self.sched._now + 1000)
             if self.pending_irq:
                 self.pending_irq.clear()
-                self.t_irq.emit_plain("deliver", {"line": 5})
+                self.t_irq.emit_plain("irq", {"line": 5})
                 self.interrupt()
         self.t_machine.emit_plain("wake", {"thread": 1})
 
@@ -230,18 +236,19 @@ class Floor:
     # -- device file and runtime ----------------------------------------------------
     def ioctl(self, request: int, arg: Any) -> None:
         if request == _SUBMIT:
-            if uapi.ffi.typeof(arg) is not _SUBMIT_T or self.contexts.get(
-                    int(arg.context_id)) is None or arg.queue >= 4:
+            # the integer fields of a cffi struct read as Python ints: no int() needed
+            if _typeof(arg) is not _SUBMIT_T or self.contexts.get(
+                    arg.context_id) is None or arg.queue >= 4:
                 raise OSError("SUBMIT: bad argument")
-            addr, size_max = self.bos[int(arg.cmdbuf_handle)]
-            off, size = int(arg.cmdbuf_offset), int(arg.cmdbuf_size)
+            addr, size_max = self.bos[arg.cmdbuf_handle]
+            off, size = arg.cmdbuf_offset, arg.cmdbuf_size
             if size == 0 or size % 8 or off + size > size_max:
                 raise OSError("SUBMIT: bad range")
             arg.fence_seq = self.submit(bytes(self.view[addr + off:addr + off + size]))
         else:
-            if uapi.ffi.typeof(arg) is not _WAIT_T:
+            if _typeof(arg) is not _WAIT_T:
                 raise OSError("WAIT: bad argument")
-            fence = self.wait(int(arg.fence_seq))
+            fence = self.wait(arg.fence_seq)
             arg.status, arg.error_offset, arg.start_ns, arg.end_ns = fence[1], 0, 0, 0
 
     def enqueue_and_synchronize(self, cmd: bytes) -> None:
@@ -256,7 +263,7 @@ class Floor:
         w: Any = uapi.ffi.new(_WAIT_T)
         w.context_id, w.fence_seq, w.timeout_ns = 1, a.fence_seq, -1
         self.ioctl(_WAIT, w)
-        result = (int(w.status), int(w.error_offset), int(w.start_ns), int(w.end_ns))
+        result = (w.status, w.error_offset, w.start_ns, w.end_ns)   # ints, as cffi reads them
         if result[0] != 0:
             raise RuntimeError(f"NOP failed with status {result[0]}")
         self.results.append(result)
