@@ -119,9 +119,9 @@ class GuestTask:
 
 class PendingIrq:
     """What the interrupt controller queues for delivery in guest context. `domain`: the
-    guest kernel whose handler runs (None: it may change anything). No slots of its own
-    and no __dict__: a subclass that declares slots (GuestTimer) gets none, one that
-    does not (Line) keeps its __dict__."""
+    guest kernel whose handler runs (None: it may change anything). Empty slots: a
+    subclass that declares its own (GuestTimer) has no __dict__, one that does not
+    (Line) keeps one."""
 
     __slots__ = ()
     domain: WaitDomain | None = None
